@@ -1,0 +1,29 @@
+"""The one small exception hierarchy of the store.
+
+A miss is a value (``None`` or ``False``), never an exception.  Code that
+raises one of these has already rolled back whatever it took.
+"""
+
+
+class FlatCakeError(Exception):
+    """Base of every error the store raises on purpose."""
+
+
+class ConfigError(FlatCakeError, ValueError):
+    """A setting has a value that is not allowed; the message names it."""
+
+
+class LayoutMismatchError(FlatCakeError):
+    """The store on disk was written with another layout or format version."""
+
+
+class StoreCorruptError(FlatCakeError):
+    """Metadata on disk cannot be parsed (not raised for torn segments: they are dropped)."""
+
+
+class NotStoredError(FlatCakeError):
+    """A write could not be stored (full disk, capacity, I/O error); nothing was kept."""
+
+
+class IOEngineError(FlatCakeError, OSError):
+    """An I/O command failed; the operation it belonged to failed with it."""

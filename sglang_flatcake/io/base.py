@@ -1,0 +1,72 @@
+"""The I/O engine interface shared by the POSIX, io_uring and kvikio engines.
+
+Contract:
+- ``read(commands, buffers)`` fills ``buffers[i][:commands[i].length]`` with the
+  bytes of ``commands[i]``; all commands may be in flight at once.  It returns
+  only when every command has finished; if any failed it raises
+  ``IOEngineError`` naming the file and offset (the contents of the buffers are
+  then undefined).  Nothing waits forever: a failed command fails the call.
+- ``write(path, offset, data)`` writes all of ``data`` at ``offset`` (aligned)
+  or raises; an unaligned tail goes through a zero-padded bounce buffer.
+- ``allocate(path, size)`` makes the file at least ``size`` bytes with real
+  blocks behind them (fallocate); a full disk raises ``IOEngineError`` with
+  ``errno == ENOSPC``.
+- Buffers from ``alloc`` are aligned to ``alignment``; offsets must be aligned.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ReadCommand:
+    """Read ``length`` bytes of ``path`` at ``offset``."""
+
+    path: str
+    offset: int
+    length: int
+
+
+def aligned_empty(nbytes: int, alignment: int = 4096) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose address is aligned."""
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % alignment
+    return raw[skip:skip + nbytes]
+
+
+class IOEngine(abc.ABC):
+    name: str = "base"
+
+    def __init__(self, alignment: int = 4096) -> None:
+        self.alignment = alignment
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        """An aligned buffer the engine can read into directly."""
+        return aligned_empty(nbytes, self.alignment)
+
+    @abc.abstractmethod
+    def read(self, commands: Sequence[ReadCommand], buffers: Sequence[np.ndarray]) -> None: ...
+
+    @abc.abstractmethod
+    def write(self, path: str, offset: int, data: np.ndarray) -> None: ...
+
+    @abc.abstractmethod
+    def allocate(self, path: str, size: int) -> None: ...
+
+    @abc.abstractmethod
+    def sync(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def forget(self, path: str) -> None:
+        """Close whatever the engine holds open for ``path`` (before it is deleted)."""
+
+    @abc.abstractmethod
+    def stats(self) -> dict: ...
+
+    def close(self) -> None:
+        """Release threads and file descriptors; the engine is unusable afterwards."""

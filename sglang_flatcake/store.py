@@ -1,0 +1,618 @@
+"""The store facade: put, exists, locate, plan, get, reclaim, stats.
+
+Ownership and locking:
+- ``_write_lock`` serialises writers (SGLang backs up from one thread); a put
+  pins its session for its whole duration so reclaim cannot take it.
+- ``_meta`` guards the index, the session table, the arena's slot table and
+  the SSD extent map.  I/O never runs under it.
+- A read pins every session it touches from planning until its bytes are
+  copied out; reclaim skips pinned sessions, so a read never sees freed space.
+
+Blocks cross the API in the canonical shape ``(n, layers, block_layer_bytes)``
+uint8 (any array whose bytes are that, e.g. a flat ``(n, block_bytes)``).
+A miss is a value: ``exists`` and ``get`` return the length of the leading run
+of blocks that are stored (and, for ``get``, verified).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import xxhash
+
+from . import address as addr
+from .address import Medium
+from .config import FlatCakeConfig
+from .errors import FlatCakeError, IOEngineError, LayoutMismatchError, NotStoredError
+from .index import KeyIndex, key_digest, key_digests
+from .io import make_engine
+from .layout import KVLayout, SegmentGeometry
+from .placement import Placement, Rule, WriteSignals, place
+from .planner import ReadPlan, SegmentRead, empty_plan, plan_reads
+from .recovery import (STORE_MANIFEST, SegmentHeader, atomic_write_json, block_checksums,
+                       check_store_manifest, read_json, scan_segments, store_manifest)
+from .sessions import Segment, Session
+from .tiers.memory import HostArena
+from .tiers.reclaim import SessionUsage, choose_victims
+from .tiers.ssd import SessionFiles
+
+log = logging.getLogger("sglang_flatcake")
+
+
+@dataclass(frozen=True)
+class PutResult:
+    stored: int                  # new blocks stored by this call
+    existing: int                # blocks that were already stored (skipped)
+    failed: int                  # new blocks not stored (full disk, capacity, I/O error)
+    session: int | None
+    placements: tuple[Placement, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GetResult:
+    hits: int                    # leading blocks restored and verified
+    from_memory: int
+    from_ssd: int
+    read_commands: int
+    bytes_read: int
+    bytes_wanted: int
+    corrupt: int                 # blocks dropped because their checksum did not match
+
+
+@dataclass
+class _Resolved:
+    n: int                                   # leading run found in the index
+    memory: list[tuple[int, int]] = field(default_factory=list)   # (dest, slot)
+    reads: list[SegmentRead] = field(default_factory=list)
+    sessions: set[int] = field(default_factory=set)
+
+
+class FlatCakeStore:
+    """A FlatCake store rooted at a directory.  Not shared between processes."""
+
+    def __init__(self, root: str | os.PathLike, layout: KVLayout,
+                 config: FlatCakeConfig | None = None, read_only: bool = False) -> None:
+        self.root = Path(root)
+        self.layout = layout
+        self.config = config or FlatCakeConfig()
+        self.read_only = read_only
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lockfd = None if read_only else self._take_lock()
+        self.engine = make_engine(self.config.io_engine, self.config.alignment, self.config.io_threads)
+        self.index = KeyIndex()
+        self.sessions: dict[int, Session] = {}
+        self.arena = HostArena(0 if read_only else self.config.memory_bytes, layout.block_bytes)
+        self.ssd = SessionFiles(self.root, self.engine, self.config.extent_bytes, self.config.ssd_bytes)
+        self._meta = threading.RLock()
+        self._write_lock = threading.Lock()
+        self._next_sid = 1
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flatcake-read")
+        self.counters: Counter = Counter()
+        self.recovery_report: dict = {}
+        self._open()
+
+    # ------------------------------------------------------------------ open
+    def _take_lock(self):
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FlatCakeError(f"store {self.root} is in use by another process "
+                                "(each server rank needs its own store directory)") from None
+        return fd
+
+    def _open(self) -> None:
+        mpath = self.root / STORE_MANIFEST
+        if mpath.exists():
+            try:
+                check_store_manifest(read_json(mpath), self.layout, self.config.alignment, self.root)
+            except LayoutMismatchError:
+                if self.read_only or self.config.on_layout_mismatch != "reset":
+                    raise
+                log.warning("store %s: layout mismatch, resetting it empty as asked", self.root)
+                shutil.rmtree(self.root / "sessions", ignore_errors=True)
+                self.ssd.dir.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(mpath, store_manifest(self.layout, self.config.alignment))
+        elif not self.read_only:
+            atomic_write_json(mpath, store_manifest(self.layout, self.config.alignment))
+        self._recover()
+
+    @classmethod
+    def open_existing(cls, root: str | os.PathLike, config: FlatCakeConfig | None = None,
+                      read_only: bool = True) -> "FlatCakeStore":
+        """Open a store with the layout recorded in its manifest (for inspection)."""
+        m = read_json(Path(root) / STORE_MANIFEST)
+        layout = KVLayout.from_dict(m["layout"])
+        base = config or FlatCakeConfig()
+        if base.alignment != m.get("alignment"):
+            base = FlatCakeConfig(**{**base.to_dict(), "alignment": m["alignment"]})
+        return cls(root, layout, base, read_only=read_only)
+
+    def _recover(self) -> None:
+        """Rebuild sessions and the index from manifests and segment headers."""
+        rep = Counter()
+        manifests = sorted(self.ssd.dir.glob("s*.json"))
+        for mp in manifests:
+            try:
+                m = read_json(mp)
+                sid = int(m["session"])
+            except (FlatCakeError, KeyError, ValueError):
+                rep["bad_manifests"] += 1
+                continue
+            self._next_sid = max(self._next_sid, sid + 1)
+            path = self.ssd.path(sid)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = 0
+            s = Session(sid, m.get("parent"), int(m.get("parent_blocks", 0)), m.get("created", 0.0),
+                        m.get("created", 0.0), m.get("label", ""), durable=True)
+            with open(path, "rb") if size else open(os.devnull, "rb") as f:
+                def read_at(off, n, f=f):
+                    f.seek(off)
+                    return f.read(n)
+                for off, hdr in scan_segments(read_at, size, self.layout, self.config.alignment, sid):
+                    self._attach_segment(s, off, hdr)
+                    s.last_used = max(s.last_used, hdr.created)
+            torn_at = s.write_offset
+            if not s.segments:
+                rep["empty_sessions"] += 1
+                if not self.read_only:
+                    self.ssd.release(sid)
+                continue
+            self.sessions[sid] = s
+            self.ssd.adopt(sid, size)
+            for seg in s.segments:
+                self._index_segment(s, seg)
+            if not self.read_only and size - torn_at >= self.config.alignment:
+                # zero a torn header, if any, so a later scan cannot misread it
+                self.engine.write(path, torn_at, np.zeros(self.config.alignment, np.uint8))
+            rep["sessions"] += 1
+            rep["segments"] += len(s.segments)
+            rep["blocks"] += s.n_blocks
+        for s in self.sessions.values():
+            if s.parent in self.sessions:
+                self.sessions[s.parent].children.add(s.sid)
+        if not self.read_only:
+            known = {self.ssd.path(sid) for sid in self.sessions}
+            for p in self.ssd.dir.glob("s*.kv"):
+                if str(p) not in known:
+                    rep["orphan_files"] += 1
+                    p.unlink()
+            for p in self.ssd.dir.glob("*.tmp"):
+                p.unlink()
+        self.recovery_report = dict(rep)
+        if rep:
+            log.info("store %s recovered: %s", self.root, dict(rep))
+
+    def _attach_segment(self, s: Session, offset: int, hdr: SegmentHeader) -> Segment:
+        geo = SegmentGeometry(self.layout, hdr.n_blocks, self.config.alignment)
+        seg = Segment(offset, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, hdr.first_pos)
+        s.add_segment(seg)
+        s.n_blocks += hdr.n_blocks
+        s.tail = (int(hdr.digests[-1, 0]), int(hdr.digests[-1, 1]))
+        return seg
+
+    def _index_segment(self, s: Session, seg: Segment) -> None:
+        blb = self.layout.block_layer_bytes
+        base = seg.offset + seg.geometry.header_bytes
+        addrs = np.array([addr.encode(Medium.SSD, self.config.node_id,
+                                      self.ssd.address(s.sid, base + i * blb))
+                          for i in range(seg.n_blocks)], dtype=np.uint64)
+        self.index.put_digests(seg.digests, addrs)
+
+    # ------------------------------------------------------------------ write
+    def put(self, keys: Sequence[str], blocks: np.ndarray, prefix_keys: Sequence[str] = (),
+            signals: WriteSignals | Sequence[WriteSignals] | None = None,
+            label: str = "") -> PutResult:
+        """Store the blocks of ``keys`` (in chain order) that are not stored yet.
+
+        ``prefix_keys`` are the keys before ``keys[0]`` in the chain; they decide
+        whether the write continues a session, branches one, or starts one.
+        Never raises for a full disk or capacity: those blocks are reported as
+        ``failed`` and nothing of them is kept.
+        """
+        if self.read_only:
+            raise FlatCakeError("store is open read-only")
+        n = len(keys)
+        blocks = self._as_blocks(blocks, n)
+        if n == 0:
+            return PutResult(0, 0, 0, None)
+        if signals is None:
+            signals = WriteSignals()
+        sigs = [signals] * n if isinstance(signals, WriteSignals) else list(signals)
+        if len(sigs) != n:
+            raise ValueError(f"put: {len(sigs)} signals for {n} keys")
+        dig = key_digests(keys)
+        with self._write_lock:
+            with self._meta:
+                _, found = self.index.lookup_digests(dig)
+                new = np.nonzero(~found)[0]
+                if len(new) == 0:
+                    return PutResult(0, n, 0, None)
+                first = int(new[0])
+                anchor = dig[first - 1] if first > 0 else (
+                    np.frombuffer(key_digest(prefix_keys[-1]), "<u8") if len(prefix_keys) else None)
+                sess = self._session_for(anchor, label)
+                sess.readers += 1
+            try:
+                return self._put_new(sess, dig[new], blocks[new], [sigs[i] for i in new],
+                                     existing=n - len(new))
+            finally:
+                with self._meta:
+                    sess.readers -= 1
+                    if sess.n_blocks == 0 and sess.readers == 0:
+                        self._drop_session(sess)   # nothing stored: leave no trace
+                self._maybe_reclaim()
+
+    def _session_for(self, anchor: np.ndarray | None, label: str) -> Session:
+        """Session that a write after ``anchor`` belongs to (created if needed)."""
+        parent, parent_blocks = None, 0
+        if anchor is not None:
+            a, ok = self.index.lookup_digests(np.asarray(anchor, np.uint64).reshape(1, 2))
+            if ok[0]:
+                owner, pos = self._owner_and_position(int(a[0]))
+                s = self.sessions.get(owner)
+                if s is not None and s.tail == (int(anchor[0]), int(anchor[1])):
+                    return s
+                if s is not None:
+                    parent, parent_blocks = s.sid, pos + 1
+        now = time.time()
+        s = Session(self._next_sid, parent, parent_blocks, now, now, label)
+        self._next_sid += 1
+        self.sessions[s.sid] = s
+        if parent is not None:
+            self.sessions[parent].children.add(s.sid)
+        return s
+
+    def _owner_and_position(self, a: int) -> tuple[int, int]:
+        """(session, lineage position) of the block at address ``a``."""
+        d = addr.decode(a)
+        if d.medium == Medium.MEMORY:
+            slot = self.arena.slot_of(d.offset)
+            sid = int(self.arena.owner[slot])
+            s = self.sessions[sid]
+            return sid, s.parent_blocks + self._memory_position(s, slot)
+        sid, foff = self.ssd.locate(d.offset)
+        s = self.sessions[sid]
+        seg = s.segment_at(foff)
+        idx = (foff - seg.offset - seg.geometry.header_bytes) // self.layout.block_layer_bytes
+        return sid, seg.first_pos + idx
+
+    def _memory_position(self, s: Session, slot: int) -> int:
+        return s.memory_pos[slot]
+
+    def _put_new(self, s: Session, dig: np.ndarray, blocks: np.ndarray,
+                 sigs: list[WriteSignals], existing: int) -> PutResult:
+        n = len(dig)
+        with self._meta:
+            tentative = [place(sg, True, self.config) for sg in sigs]
+            want_mem = sum(p.medium == Medium.MEMORY for p in tentative)
+            mem_ok = want_mem <= self.arena.free_slots
+        placements = tuple(p if (mem_ok or p.medium == Medium.SSD) else place(sg, False, self.config)
+                           for p, sg in zip(tentative, sigs))
+        for p in placements:
+            self.counters[f"placement_{p.rule.value}"] += 1
+        if not s.durable:
+            atomic_write_json(self.ssd.manifest_path(s.sid), {
+                "session": s.sid, "parent": s.parent, "parent_blocks": s.parent_blocks,
+                "created": s.created, "label": s.label})
+            s.durable = True
+        ssd_idx = [i for i, p in enumerate(placements) if p.medium == Medium.SSD]
+        mem_idx = [i for i, p in enumerate(placements) if p.medium == Medium.MEMORY]
+        keep = n  # blocks [0, keep) are stored; a failure truncates the batch there
+        error = None
+        seg = None
+        first_pos = s.lineage_end
+        if ssd_idx:
+            try:
+                seg = self._write_segment(s, dig[ssd_idx], blocks[ssd_idx], first_pos, sigs[0].turn)
+            except NotStoredError as e:
+                error = str(e)
+                keep = ssd_idx[0]
+                self.counters["writes_not_stored"] += 1
+                log.warning("flatcake: %d blocks not stored: %s", n - keep, e)
+        mem_idx = [i for i in mem_idx if i < keep]
+        with self._meta:
+            if seg is not None:
+                s.add_segment(seg)
+                self._index_segment(s, seg)
+                self.counters["ssd_blocks_written"] += seg.n_blocks
+                self.counters["ssd_bytes_written"] += seg.n_blocks * self.layout.block_bytes
+            if mem_idx:
+                slots = self.arena.alloc(len(mem_idx), s.sid)
+                assert slots is not None  # checked above under the write lock
+                self.arena.buf[slots] = blocks[mem_idx].reshape(len(mem_idx), -1)
+                for slot, i in zip(slots, mem_idx):
+                    s.memory_pos[slot] = first_pos + i
+                s.memory_slots.extend(slots)
+                s.memory_digests.append(dig[mem_idx])
+                addrs = np.array([addr.encode(Medium.MEMORY, self.config.node_id,
+                                              slot * self.layout.block_bytes) for slot in slots],
+                                 dtype=np.uint64)
+                self.index.put_digests(dig[mem_idx], addrs)
+                self.counters["memory_blocks_written"] += len(mem_idx)
+            stored = (seg.n_blocks if seg is not None else 0) + len(mem_idx)
+            if stored:
+                s.n_blocks += stored
+                s.tail = (int(dig[keep - 1, 0]), int(dig[keep - 1, 1]))
+                s.last_used = time.time()
+        return PutResult(stored, existing, n - stored, s.sid, placements, error)
+
+    def _write_segment(self, s: Session, dig: np.ndarray, blocks: np.ndarray,
+                       first_pos: int, turn: int) -> Segment:
+        """Write one layer-major segment at the session's end; data first, header last."""
+        geo = SegmentGeometry(self.layout, len(dig), self.config.alignment)
+        off = s.write_offset
+        path = self.ssd.path(s.sid)
+        grow = max(0, off + geo.total_bytes - self.ssd.file_bytes(s.sid))
+        self._maybe_reclaim(ssd_extra=grow)          # make room first, if past the watermark
+        with self._meta:
+            self.ssd.ensure(s.sid, off + geo.total_bytes)   # NotStoredError if still full
+        data = self.engine.alloc(geo.data_bytes)
+        sections = data.reshape(self.layout.layers, geo.layer_stride)
+        body = sections[:, :geo.layer_bytes].reshape(self.layout.layers, geo.n_blocks,
+                                                     self.layout.block_layer_bytes)
+        np.copyto(body, blocks.transpose(1, 0, 2))
+        sections[:, geo.layer_bytes:] = 0
+        hdr = SegmentHeader(s.sid, s.next_seq, max(0, int(turn)), first_pos, dig,
+                            block_checksums(body))
+        try:
+            self.engine.write(path, off + geo.header_bytes, data)
+            if self.config.durable:
+                self.engine.sync(path)
+            self.engine.write(path, off, hdr.encode(self.layout, self.config.alignment))
+            if self.config.durable:
+                self.engine.sync(path)
+        except IOEngineError as e:
+            raise NotStoredError(f"segment write to {path} failed: {e}") from None
+        return Segment(off, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, first_pos)
+
+    def _as_blocks(self, blocks: np.ndarray, n: int) -> np.ndarray:
+        b = np.asarray(blocks)
+        if b.dtype != np.uint8:
+            b = b.view(np.uint8) if b.flags.c_contiguous else np.ascontiguousarray(b).view(np.uint8)
+        want = n * self.layout.block_bytes
+        if b.nbytes != want:
+            raise ValueError(f"blocks hold {b.nbytes} bytes; {n} blocks of this layout need {want}")
+        return b.reshape(n, self.layout.layers, self.layout.block_layer_bytes)
+
+    # ------------------------------------------------------------------ read
+    def exists(self, keys: Sequence[str]) -> int:
+        """Length of the leading run of ``keys`` that are stored."""
+        if not keys:
+            return 0
+        with self._meta:
+            _, found = self.index.lookup_digests(key_digests(keys))
+        miss = np.nonzero(~found)[0]
+        return int(miss[0]) if len(miss) else len(keys)
+
+    def locate(self, keys: Sequence[str]) -> list[addr.Address | None]:
+        """The address of each key, or ``None`` for a miss (one index lookup per key)."""
+        with self._meta:
+            a, found = self.index.lookup_digests(key_digests(keys))
+        return [addr.decode(int(x)) if ok else None for x, ok in zip(a, found)]
+
+    def _resolve(self, keys: Sequence[str], pin: bool) -> _Resolved:
+        dig = key_digests(keys)
+        with self._meta:
+            a, found = self.index.lookup_digests(dig)
+            miss = np.nonzero(~found)[0]
+            n = int(miss[0]) if len(miss) else len(keys)
+            res = _Resolved(n)
+            groups: dict[tuple[int, int], tuple[Segment, list[int], list[int]]] = {}
+            blb = self.layout.block_layer_bytes
+            for i in range(n):
+                d = addr.decode(int(a[i]))
+                if d.medium == Medium.MEMORY:
+                    slot = self.arena.slot_of(d.offset)
+                    res.memory.append((i, slot))
+                    res.sessions.add(int(self.arena.owner[slot]))
+                    continue
+                sid, foff = self.ssd.locate(d.offset)
+                seg = self.sessions[sid].segment_at(foff)
+                idx = (foff - seg.offset - seg.geometry.header_bytes) // blb
+                g = groups.setdefault((sid, seg.offset), (seg, [], []))
+                g[1].append(idx)
+                g[2].append(i)
+                res.sessions.add(sid)
+            for (sid, _), (seg, idx, dest) in groups.items():
+                ix = np.asarray(idx, np.int64)
+                res.reads.append(SegmentRead(self.ssd.path(sid), seg.offset, seg.geometry, ix,
+                                             np.asarray(dest, np.int64), seg.checksums[:, ix]))
+            if pin:
+                now = time.time()
+                for sid in res.sessions:
+                    self.sessions[sid].readers += 1
+                    self.sessions[sid].last_used = now
+        return res
+
+    def _unpin(self, sids: set[int]) -> None:
+        with self._meta:
+            for sid in sids:
+                s = self.sessions.get(sid)
+                if s is not None:
+                    s.readers -= 1
+
+    def plan(self, keys: Sequence[str], split_layers: bool = True) -> ReadPlan:
+        """The SSD read plan for the leading stored run of ``keys`` (no I/O, no pins kept)."""
+        res = self._resolve(keys, pin=False)
+        if not res.reads:
+            return empty_plan(self.layout.block_layer_bytes)
+        return plan_reads(res.reads, self.config.alignment, self.config.merge_gap_bytes, split_layers)
+
+    def get(self, keys: Sequence[str], out: np.ndarray, max_inflight_bytes: int = 256 << 20) -> GetResult:
+        """Restore the leading stored run of ``keys`` into ``out`` (canonical block shape).
+
+        Returns how many leading blocks were restored *and verified*: a block
+        whose checksum fails is a miss (it and everything after it), never
+        wrong bytes.  An I/O error fails the whole read (``hits == 0``).
+        """
+        n_keys = len(keys)
+        out = self._as_blocks(out, n_keys) if n_keys else out
+        res = self._resolve(keys, pin=True)
+        try:
+            bad = np.zeros(res.n, dtype=bool)
+            for dest, slot in res.memory:
+                out[dest] = self.arena.buf[slot].reshape(self.layout.layers, -1)
+            plan = (plan_reads(res.reads, self.config.alignment, self.config.merge_gap_bytes)
+                    if res.reads else empty_plan(self.layout.block_layer_bytes))
+            try:
+                self._execute(plan, out, bad, max_inflight_bytes)
+            except IOEngineError as e:
+                log.warning("flatcake: read failed, served as a miss: %s", e)
+                self.counters["read_errors"] += 1
+                return GetResult(0, 0, 0, plan.read_commands, plan.bytes_read, plan.bytes_wanted, 0)
+        finally:
+            self._unpin(res.sessions)
+        badi = np.nonzero(bad)[0]
+        hits = int(badi[0]) if len(badi) else res.n
+        mem_hits = sum(1 for d, _ in res.memory if d < hits)
+        c = self.counters
+        c["read_commands"] += plan.read_commands
+        c["bytes_read"] += plan.bytes_read
+        c["bytes_wanted"] += plan.bytes_wanted
+        c["bytes_gap"] += plan.gap_bytes
+        c["checksum_failures"] += int(bad.sum())
+        c["memory_blocks_read"] += mem_hits
+        c["ssd_blocks_read"] += hits - mem_hits
+        return GetResult(hits, mem_hits, hits - mem_hits, plan.read_commands, plan.bytes_read,
+                         plan.bytes_wanted, int(bad.sum()))
+
+    def _execute(self, plan: ReadPlan, out: np.ndarray, bad: np.ndarray, max_inflight: int) -> None:
+        """Read the plan's commands in batches of bounded size, verifying and copying each
+        batch while the next is being read (a double buffer)."""
+        if not plan.commands:
+            return
+        batches: list[list[int]] = [[]]
+        size = 0
+        for i, c in enumerate(plan.commands):
+            if batches[-1] and size + c.length > max_inflight:
+                batches.append([])
+                size = 0
+            batches[-1].append(i)
+            size += c.length
+        order = np.argsort(plan.piece_cmd, kind="stable")
+        pcmd = plan.piece_cmd[order]
+        starts = np.searchsorted(pcmd, np.arange(len(plan.commands) + 1))
+        verify = self.config.verify_reads
+        pb = plan.piece_bytes
+
+        def read(batch):
+            bufs = [self.engine.alloc(plan.commands[i].length) for i in batch]
+            self.engine.read([plan.commands[i] for i in batch], bufs)
+            return bufs
+
+        nxt = self._copier.submit(read, batches[0])
+        for k, batch in enumerate(batches):
+            bufs = nxt.result()
+            if k + 1 < len(batches):
+                nxt = self._copier.submit(read, batches[k + 1])
+            for ci, buf in zip(batch, bufs):
+                for j in order[starts[ci]:starts[ci + 1]]:
+                    o = plan.piece_offset[j]
+                    piece = buf[o:o + pb]
+                    d = plan.piece_dest[j]
+                    if verify and xxhash.xxh3_64_intdigest(piece) != int(plan.piece_checksum[j]):
+                        bad[d] = True
+                        continue
+                    out[d, plan.piece_layer[j]] = piece
+
+    # ------------------------------------------------------------------ reclaim
+    def _usage(self, medium: Medium) -> list[SessionUsage]:
+        out = []
+        for s in self.sessions.values():
+            b = (len(s.memory_slots) * self.layout.block_bytes if medium == Medium.MEMORY
+                 else self.ssd.file_bytes(s.sid))
+            out.append(SessionUsage(s.sid, s.last_used, b, s.readers > 0,
+                                    s.parent if s.parent in self.sessions else None,
+                                    sum(1 for c in s.children if c in self.sessions)))
+        return out
+
+    def _maybe_reclaim(self, ssd_extra: int = 0) -> list[int]:
+        """Free whole sessions while a medium is (or, with ``ssd_extra`` more bytes,
+        would be) past its high watermark."""
+        freed: list[int] = []
+        cfg = self.config
+        with self._meta:
+            for medium, used, cap in ((Medium.SSD, self.ssd.used_bytes + ssd_extra, cfg.ssd_bytes),
+                                      (Medium.MEMORY, self.arena.used_bytes,
+                                       self.arena.capacity_bytes)):
+                victims = choose_victims(self._usage(medium), used, cap,
+                                         cfg.high_watermark, cfg.low_watermark)
+                for sid in victims:
+                    self._drop_session(self.sessions[sid])
+                    freed.append(sid)
+        if freed:
+            self.counters["reclaimed_sessions"] += len(freed)
+            log.info("flatcake: reclaimed %d sessions", len(freed))
+        return freed
+
+    def reclaim(self) -> list[int]:
+        """Run reclaim now; returns the freed session ids."""
+        with self._write_lock:
+            return self._maybe_reclaim()
+
+    def _drop_session(self, s: Session) -> None:
+        """Remove a session's keys, memory slots and file (caller holds ``_meta``)."""
+        digs = s.all_digests()
+        if len(digs):
+            self.index.remove_digests(digs)
+        if s.memory_slots:
+            self.arena.free(s.memory_slots)
+        self.sessions.pop(s.sid, None)
+        if s.parent in self.sessions:
+            self.sessions[s.parent].children.discard(s.sid)
+        self.ssd.release(s.sid)
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict:
+        with self._meta:
+            ssd_blocks = sum(sum(g.n_blocks for g in s.segments) for s in self.sessions.values())
+            mem_blocks = sum(len(s.memory_slots) for s in self.sessions.values())
+            st = {
+                "sessions": len(self.sessions),
+                "blocks_memory": mem_blocks,
+                "blocks_ssd": ssd_blocks,
+                "bytes_memory": mem_blocks * self.layout.block_bytes,
+                "bytes_ssd_data": ssd_blocks * self.layout.block_bytes,
+                "bytes_ssd_allocated": self.ssd.used_bytes,
+                "memory_capacity": self.arena.capacity_bytes,
+                "ssd_capacity": self.config.ssd_bytes,
+                "ssd_usage": self.ssd.used_bytes / self.config.ssd_bytes,
+                "memory_usage": (self.arena.used_bytes / self.arena.capacity_bytes
+                                 if self.arena.capacity_bytes else 0.0),
+                "memory_pinned": self.arena.pinned,
+                "index_entries": len(self.index),
+                "index_bytes": self.index.nbytes,
+            }
+        st.update(self.counters)
+        st["io"] = self.engine.stats()
+        return st
+
+    def close(self) -> None:
+        """Stop I/O and release the store directory (metadata is already durable)."""
+        self._copier.shutdown(wait=True)
+        self.engine.close()
+        if self._lockfd is not None:
+            os.close(self._lockfd)
+            self._lockfd = None
+
+    def __enter__(self) -> "FlatCakeStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""The two media: a host-memory arena and SSD session files; and the reclaim policy."""

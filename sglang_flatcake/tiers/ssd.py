@@ -1,0 +1,118 @@
+"""SSD tier as a directory of session files, mapped into one flat address space.
+
+Each session owns ``sessions/<sid>.kv``, pre-allocated with fallocate and grown
+in extents of ``extent_bytes``.  Every extent of every file gets a number in a
+flat 48-bit space, so a block's SSD address is ``extent * extent_bytes +
+offset_in_extent``; ``locate`` turns it back into (session, file offset) with
+one dict lookup.  Extent numbers are reused after reclaim.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import os
+from pathlib import Path
+
+from ..address import MAX_OFFSET
+from ..errors import IOEngineError, NotStoredError
+from ..io.base import IOEngine
+
+
+class SessionFiles:
+    def __init__(self, root: Path, engine: IOEngine, extent_bytes: int, capacity_bytes: int) -> None:
+        self.dir = root / "sessions"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.engine = engine
+        self.extent_bytes = extent_bytes
+        self.capacity_bytes = capacity_bytes
+        self._extents: dict[int, list[int]] = {}          # sid -> logical extent numbers
+        self._owner: dict[int, tuple[int, int]] = {}      # extent -> (sid, index in file)
+        self._free: list[int] = []
+        self._next = 0
+        self.used_bytes = 0
+
+    def path(self, sid: int) -> str:
+        return str(self.dir / f"s{sid:016x}.kv")
+
+    def manifest_path(self, sid: int) -> Path:
+        return self.dir / f"s{sid:016x}.json"
+
+    def file_bytes(self, sid: int) -> int:
+        return len(self._extents.get(sid, ())) * self.extent_bytes
+
+    def _take_extent(self) -> int:
+        if self._free:
+            return heapq.heappop(self._free)
+        e = self._next
+        if (e + 1) * self.extent_bytes - 1 > MAX_OFFSET:
+            raise NotStoredError("SSD address space (48 bits) exhausted")
+        self._next += 1
+        return e
+
+    def _map(self, sid: int, count: int) -> None:
+        exts = self._extents.setdefault(sid, [])
+        while len(exts) < count:
+            e = self._take_extent()
+            self._owner[e] = (sid, len(exts))
+            exts.append(e)
+
+    def ensure(self, sid: int, end: int) -> None:
+        """Grow the session's file so that ``[0, end)`` is allocated.
+
+        Raises ``NotStoredError`` (and leaves the file as it was) when the SSD
+        capacity would be exceeded or the disk is full.
+        """
+        have = self.file_bytes(sid)
+        if end <= have:
+            return
+        want = -(-end // self.extent_bytes) * self.extent_bytes
+        grow = want - have
+        if self.used_bytes + grow > self.capacity_bytes:
+            raise NotStoredError(
+                f"SSD capacity full: {self.used_bytes + grow} > {self.capacity_bytes} bytes")
+        path = self.path(sid)
+        try:
+            self.engine.allocate(path, want)
+        except IOEngineError as e:
+            try:
+                os.truncate(path, have)
+            except OSError:
+                pass
+            if e.errno == errno.ENOSPC:
+                raise NotStoredError(f"disk full while growing {path}: {e}") from None
+            raise NotStoredError(f"cannot grow {path}: {e}") from None
+        self._map(sid, want // self.extent_bytes)
+        self.used_bytes += grow
+
+    def adopt(self, sid: int, file_size: int) -> None:
+        """Register an existing file (recovery); its size is rounded down to whole extents."""
+        count = file_size // self.extent_bytes
+        self._map(sid, count)
+        self.used_bytes += count * self.extent_bytes
+
+    def address(self, sid: int, file_offset: int) -> int:
+        """Flat SSD offset of ``file_offset`` in the session's file."""
+        exts = self._extents[sid]
+        i, r = divmod(file_offset, self.extent_bytes)
+        return exts[i] * self.extent_bytes + r
+
+    def locate(self, flat_offset: int) -> tuple[int, int]:
+        """(session, file offset) of a flat SSD offset; ``KeyError`` if unmapped."""
+        e, r = divmod(flat_offset, self.extent_bytes)
+        sid, i = self._owner[e]
+        return sid, i * self.extent_bytes + r
+
+    def release(self, sid: int) -> None:
+        """Forget and delete the session's file and manifest; its extents become free."""
+        for e in self._extents.pop(sid, []):
+            del self._owner[e]
+            heapq.heappush(self._free, e)
+            self.used_bytes -= self.extent_bytes
+        path = self.path(sid)
+        self.engine.forget(path)
+        for p in (self.manifest_path(sid), Path(path)):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
