@@ -23,7 +23,6 @@ import shutil
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -48,6 +47,10 @@ from .tiers.reclaim import SessionUsage, choose_victims
 from .tiers.ssd import SessionFiles
 
 log = logging.getLogger("sglang_flatcake")
+
+COUNTERS = ("ssd_blocks_written", "ssd_bytes_written", "memory_blocks_written", "writes_not_stored",
+            "read_commands", "bytes_read", "bytes_wanted", "bytes_gap", "memory_blocks_read",
+            "ssd_blocks_read", "checksum_failures", "read_errors", "reclaimed_sessions")
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,14 @@ class FlatCakeStore:
         self._meta = threading.RLock()
         self._write_lock = threading.Lock()
         self._next_sid = 1
-        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flatcake-read")
         self.counters: Counter = Counter()
         self.recovery_report: dict = {}
-        self._open()
+        self._junk_buf = self.engine.alloc(self.config.merge_gap_bytes + 4 * self.config.alignment)
+        try:
+            self._open()
+        except BaseException:
+            self.close()          # a refused start leaves the directory as it was, and unlocked
+            raise
 
     # ------------------------------------------------------------------ open
     def _take_lock(self):
@@ -358,7 +365,11 @@ class FlatCakeStore:
         geo = SegmentGeometry(self.layout, len(dig), self.config.alignment)
         off = s.write_offset
         path = self.ssd.path(s.sid)
-        grow = max(0, off + geo.total_bytes - self.ssd.file_bytes(s.sid))
+        grow = -(-max(0, off + geo.total_bytes - self.ssd.file_bytes(s.sid))
+                 // self.config.extent_bytes) * self.config.extent_bytes
+        if grow > self.config.ssd_bytes:
+            raise NotStoredError(f"SSD capacity full: a segment of {geo.total_bytes} bytes "
+                                 f"exceeds the SSD capacity of {self.config.ssd_bytes} bytes")
         self._maybe_reclaim(ssd_extra=grow)          # make room first, if past the watermark
         with self._meta:
             self.ssd.ensure(s.sid, off + geo.total_bytes)   # NotStoredError if still full
@@ -454,7 +465,7 @@ class FlatCakeStore:
             return empty_plan(self.layout.block_layer_bytes)
         return plan_reads(res.reads, self.config.alignment, self.config.merge_gap_bytes, split_layers)
 
-    def get(self, keys: Sequence[str], out: np.ndarray, max_inflight_bytes: int = 256 << 20) -> GetResult:
+    def get(self, keys: Sequence[str], out: np.ndarray) -> GetResult:
         """Restore the leading stored run of ``keys`` into ``out`` (canonical block shape).
 
         Returns how many leading blocks were restored *and verified*: a block
@@ -471,7 +482,7 @@ class FlatCakeStore:
             plan = (plan_reads(res.reads, self.config.alignment, self.config.merge_gap_bytes)
                     if res.reads else empty_plan(self.layout.block_layer_bytes))
             try:
-                self._execute(plan, out, bad, max_inflight_bytes)
+                self._execute(plan, out, bad)
             except IOEngineError as e:
                 log.warning("flatcake: read failed, served as a miss: %s", e)
                 self.counters["read_errors"] += 1
@@ -492,44 +503,50 @@ class FlatCakeStore:
         return GetResult(hits, mem_hits, hits - mem_hits, plan.read_commands, plan.bytes_read,
                          plan.bytes_wanted, int(bad.sum()))
 
-    def _execute(self, plan: ReadPlan, out: np.ndarray, bad: np.ndarray, max_inflight: int) -> None:
-        """Read the plan's commands in batches of bounded size, verifying and copying each
-        batch while the next is being read (a double buffer)."""
+    def _execute(self, plan: ReadPlan, out: np.ndarray, bad: np.ndarray) -> None:
+        """Read the plan with vectored reads straight into ``out`` (no staging copy);
+        every command is in flight at once and each is verified as it lands."""
         if not plan.commands:
             return
-        batches: list[list[int]] = [[]]
-        size = 0
-        for i, c in enumerate(plan.commands):
-            if batches[-1] and size + c.length > max_inflight:
-                batches.append([])
-                size = 0
-            batches[-1].append(i)
-            size += c.length
-        order = np.argsort(plan.piece_cmd, kind="stable")
-        pcmd = plan.piece_cmd[order]
-        starts = np.searchsorted(pcmd, np.arange(len(plan.commands) + 1))
-        verify = self.config.verify_reads
+        order = np.lexsort((plan.piece_offset, plan.piece_cmd))
+        starts = np.searchsorted(plan.piece_cmd[order], np.arange(len(plan.commands) + 1))
         pb = plan.piece_bytes
+        junk = self._junk
 
-        def read(batch):
-            bufs = [self.engine.alloc(plan.commands[i].length) for i in batch]
-            self.engine.read([plan.commands[i] for i in batch], bufs)
-            return bufs
+        def scatter(ci: int) -> list[np.ndarray]:
+            iov, cur = [], 0
+            for j in order[starts[ci]:starts[ci + 1]]:
+                o = int(plan.piece_offset[j])
+                if o > cur:
+                    iov.append(junk(o - cur))
+                iov.append(out[plan.piece_dest[j], plan.piece_layer[j]])
+                cur = o + pb
+            if cur < plan.commands[ci].length:
+                iov.append(junk(plan.commands[ci].length - cur))
+            return iov
 
-        nxt = self._copier.submit(read, batches[0])
-        for k, batch in enumerate(batches):
-            bufs = nxt.result()
-            if k + 1 < len(batches):
-                nxt = self._copier.submit(read, batches[k + 1])
-            for ci, buf in zip(batch, bufs):
+        handles = self.engine.submit(plan.commands, [scatter(i) for i in range(len(plan.commands))])
+        h = xxhash.xxh3_64_intdigest
+        first: IOEngineError | None = None
+        for ci, handle in enumerate(handles):   # verify each command as it lands
+            try:
+                handle.wait()
+            except IOEngineError as e:
+                first = first or e
+                continue
+            if first is None and self.config.verify_reads:
                 for j in order[starts[ci]:starts[ci + 1]]:
-                    o = plan.piece_offset[j]
-                    piece = buf[o:o + pb]
                     d = plan.piece_dest[j]
-                    if verify and xxhash.xxh3_64_intdigest(piece) != int(plan.piece_checksum[j]):
+                    if h(out[d, plan.piece_layer[j]]) != int(plan.piece_checksum[j]):
                         bad[d] = True
-                        continue
-                    out[d, plan.piece_layer[j]] = piece
+        if first is not None:
+            raise first
+
+    def _junk(self, nbytes: int) -> np.ndarray:
+        """Scratch space for bytes read through (gaps, alignment); contents are discarded."""
+        if self._junk_buf.nbytes < nbytes:
+            self._junk_buf = self.engine.alloc(max(nbytes, 2 * self._junk_buf.nbytes))
+        return self._junk_buf[:nbytes]
 
     # ------------------------------------------------------------------ reclaim
     def _usage(self, medium: Medium) -> list[SessionUsage]:
@@ -599,13 +616,14 @@ class FlatCakeStore:
                 "index_entries": len(self.index),
                 "index_bytes": self.index.nbytes,
             }
+        st.update({name: 0 for name in COUNTERS})
+        st.update({f"placement_{r.value}": 0 for r in Rule})
         st.update(self.counters)
         st["io"] = self.engine.stats()
         return st
 
     def close(self) -> None:
         """Stop I/O and release the store directory (metadata is already durable)."""
-        self._copier.shutdown(wait=True)
         self.engine.close()
         if self._lockfd is not None:
             os.close(self._lockfd)

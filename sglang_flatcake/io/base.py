@@ -1,11 +1,15 @@
 """The I/O engine interface shared by the POSIX, io_uring and kvikio engines.
 
 Contract:
-- ``read(commands, buffers)`` fills ``buffers[i][:commands[i].length]`` with the
-  bytes of ``commands[i]``; all commands may be in flight at once.  It returns
-  only when every command has finished; if any failed it raises
-  ``IOEngineError`` naming the file and offset (the contents of the buffers are
-  then undefined).  Nothing waits forever: a failed command fails the call.
+- ``submit(commands, targets)`` starts every command and returns one handle per
+  command; ``handle.wait()`` returns when that command is done or raises
+  ``IOEngineError`` naming the file and offset.  ``targets[i]`` is one buffer
+  (filled from its start) or a list of buffers the command's bytes are
+  scattered over in order (a vectored read straight into place).  The targets
+  belong to the engine until ``wait`` returns.  Nothing waits forever: a failed
+  chunk fails its command.
+- ``read(commands, targets)`` is ``submit`` then ``wait`` on every handle; after
+  a failure it still waits for the rest, then raises the first error.
 - ``write(path, offset, data)`` writes all of ``data`` at ``offset`` (aligned)
   or raises; an unaligned tail goes through a zero-padded bounce buffer.
 - ``allocate(path, size)`` makes the file at least ``size`` bytes with real
@@ -50,7 +54,17 @@ class IOEngine(abc.ABC):
         return aligned_empty(nbytes, self.alignment)
 
     @abc.abstractmethod
-    def read(self, commands: Sequence[ReadCommand], buffers: Sequence[np.ndarray]) -> None: ...
+    def submit(self, commands: Sequence[ReadCommand], targets: Sequence) -> list: ...
+
+    def read(self, commands: Sequence[ReadCommand], targets: Sequence) -> None:
+        first = None
+        for h in self.submit(commands, targets):
+            try:
+                h.wait()
+            except Exception as e:  # keep waiting: the other targets are still being filled
+                first = first or e
+        if first is not None:
+            raise first
 
     @abc.abstractmethod
     def write(self, path: str, offset: int, data: np.ndarray) -> None: ...

@@ -21,6 +21,26 @@ from ..layout import align_down, align_up
 from .base import IOEngine, ReadCommand, aligned_empty
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+class ReadHandle:
+    """One submitted command; ``wait`` returns when all its chunks are done."""
+
+    def __init__(self, futures, engine: "PosixEngine") -> None:
+        self._futures = futures
+        self._engine = engine
+
+    def wait(self) -> None:
+        """Block until done; raise ``IOEngineError`` if any chunk failed."""
+        first = None
+        for f in self._futures:  # wait for all: the buffers stay ours until then
+            exc = f.exception()
+            if exc is not None and first is None:
+                first = exc
+        if first is not None:
+            self._engine._count("errors")
+            raise first
 
 
 class PosixEngine(IOEngine):
@@ -84,67 +104,118 @@ class PosixEngine(IOEngine):
         return buf[:nbytes]
 
     # -- reads -----------------------------------------------------------
-    def _read_chunk(self, fd: int, direct: bool, path: str, offset: int, dest: np.ndarray) -> None:
-        n = dest.nbytes
-        aligned_buf = dest.ctypes.data % self.alignment == 0
-        body = align_down(n, self.alignment) if (direct and aligned_buf) else (0 if direct else n)
+    def _read_chunk(self, fd: int, direct: bool, path: str, offset: int,
+                    iov: list[np.ndarray]) -> None:
+        """Read ``sum(len(iov))`` bytes at ``offset`` scattered over ``iov``."""
+        n = sum(v.nbytes for v in iov)
+        a = self.alignment
+        ok = (not direct) or all(v.ctypes.data % a == 0 and v.nbytes % a == 0 for v in iov)
         try:
-            if body:
-                self._pread_full(fd, memoryview(dest[:body]), offset, path)
-            if body < n:  # unaligned tail (or unaligned buffer): through the bounce buffer
-                tail = n - body
-                bounce = self._bounce(align_up(tail, self.alignment))
-                got = self._pread_full(fd, memoryview(bounce), offset + body, path, allow_short=True)
-                if got < tail:
-                    raise IOEngineError(errno.EIO, f"short read of {path} at {offset + body}: "
-                                        f"{got} of {tail} bytes (file too small)")
-                dest[body:] = bounce[:tail]
-                self._stats["bounce_ops"] += 1
+            if ok:
+                self._preadv_full(fd, [memoryview(v) for v in iov], offset, path)
+                return
+            # unaligned piece(s) under O_DIRECT: aligned body direct, the rest via the bounce buffer
+            if len(iov) == 1 and iov[0].ctypes.data % a == 0 and n >= a:
+                body = n // a * a
+                self._preadv_full(fd, [memoryview(iov[0][:body])], offset, path)
+                rest, roff = iov[0][body:], offset + body
+                parts = [rest]
+            else:
+                parts, roff = iov, offset
+            need = sum(v.nbytes for v in parts)
+            bounce = self._bounce(align_up(need, a))
+            got = self._preadv_full(fd, [memoryview(bounce)], roff, path, allow_short=True)
+            if got < need:
+                raise IOEngineError(errno.EIO, f"short read of {path} at {roff}: "
+                                    f"{got} of {need} bytes (file too small)")
+            pos = 0
+            for v in parts:
+                v[...] = bounce[pos:pos + v.nbytes].reshape(v.shape)
+                pos += v.nbytes
+            self._count("bounce_ops")
         except OSError as e:
             if isinstance(e, IOEngineError):
                 raise
             raise IOEngineError(e.errno, f"read {path} at {offset}: {e.strerror}") from None
 
-    def _pread_full(self, fd: int, mv: memoryview, offset: int, path: str,
-                    allow_short: bool = False) -> int:
+    def _count(self, name: str, k: int = 1) -> None:
+        with self._lock:
+            self._stats[name] += k
+
+    def _preadv_full(self, fd: int, mvs: list[memoryview], offset: int, path: str,
+                     allow_short: bool = False) -> int:
+        want = sum(m.nbytes for m in mvs)
         done = 0
-        while done < mv.nbytes:
-            got = os.preadv(fd, [mv[done:]], offset + done)
-            self._stats["read_ops"] += 1
+        ops = 0
+        while done < want:
+            # skip the iovecs already filled
+            skip, rest = done, []
+            for m in mvs:
+                if skip >= m.nbytes:
+                    skip -= m.nbytes
+                    continue
+                rest.append(m[skip:] if skip else m)
+                skip = 0
+            got = os.preadv(fd, rest[:IOV_MAX], offset + done)
+            ops += 1
             if got == 0:
                 if allow_short:
-                    return done
+                    break
                 raise IOEngineError(errno.EIO, f"short read of {path} at {offset}: "
-                                    f"{done} of {mv.nbytes} bytes (file too small)")
+                                    f"{done} of {want} bytes (file too small)")
             done += got
+        self._count("read_ops", ops)
         return done
 
-    def read(self, commands: Sequence[ReadCommand], buffers: Sequence[np.ndarray]) -> None:
+    def _chunks(self, target) -> list[list[np.ndarray]]:
+        """Cut a target (one buffer or a scatter list) into iovec lists of at most
+        ``max_io_bytes`` and ``IOV_MAX`` entries."""
+        views = [target] if isinstance(target, np.ndarray) else list(target)
+        out: list[list[np.ndarray]] = [[]]
+        size = 0
+        for v in views:
+            v = v.reshape(-1).view(np.uint8)
+            while v.nbytes:
+                room = self.max_io_bytes - size
+                if room <= 0 or len(out[-1]) >= IOV_MAX:
+                    out.append([])
+                    size, room = 0, self.max_io_bytes
+                take = v[:room]
+                out[-1].append(take)
+                size += take.nbytes
+                v = v[take.nbytes:]
+        return [c for c in out if c]
+
+    def submit(self, commands: Sequence[ReadCommand], buffers: Sequence) -> list[ReadHandle]:
+        """Start every command now; returns one handle per command, in order.
+
+        ``buffers[i]`` is one array, or a list of arrays that the command's bytes
+        are scattered over in order (a vectored read straight into place).
+        """
         if len(commands) != len(buffers):
             raise ValueError("read: one buffer per command")
-        futures = []
-        for cmd, buf in zip(commands, buffers):
+        handles = []
+        for cmd, target in zip(commands, buffers):
             if cmd.offset % self.alignment:
                 raise ValueError(f"read: offset {cmd.offset} of {cmd.path} is not "
                                  f"{self.alignment}-aligned")
-            if buf.nbytes < cmd.length:
-                raise ValueError(f"read: buffer of {buf.nbytes} bytes for {cmd.length}")
+            if isinstance(target, np.ndarray):
+                if target.nbytes < cmd.length:
+                    raise ValueError(f"read: buffer of {target.nbytes} bytes for {cmd.length}")
+                target = target.reshape(-1).view(np.uint8)[:cmd.length]
+            elif sum(v.nbytes for v in target) != cmd.length:
+                raise ValueError(f"read: scatter list of {sum(v.nbytes for v in target)} bytes "
+                                 f"for a command of {cmd.length}")
             fd, direct = self._fd(cmd.path)
-            view = buf.reshape(-1).view(np.uint8)
-            for start in range(0, cmd.length, self.max_io_bytes):
-                end = min(cmd.length, start + self.max_io_bytes)
-                futures.append(self._pool.submit(self._read_chunk, fd, direct, cmd.path,
-                                                 cmd.offset + start, view[start:end]))
-            self._stats["read_commands"] += 1
-            self._stats["bytes_read"] += cmd.length
-        first: BaseException | None = None
-        for f in futures:  # wait for all, even after a failure: buffers stay owned by us
-            exc = f.exception()
-            if exc is not None and first is None:
-                first = exc
-        if first is not None:
-            self._stats["errors"] += 1
-            raise first
+            off = cmd.offset
+            futures = []
+            for iov in self._chunks(target):
+                futures.append(self._pool.submit(self._read_chunk, fd, direct, cmd.path, off, iov))
+                off += sum(v.nbytes for v in iov)
+            handles.append(ReadHandle(futures, self))
+        self._count("read_commands", len(commands))
+        self._count("bytes_read", sum(c.length for c in commands))
+        return handles
 
     # -- writes ----------------------------------------------------------
     def write(self, path: str, offset: int, data: np.ndarray) -> None:
@@ -162,7 +233,7 @@ class PosixEngine(IOEngine):
             mv = memoryview(data[:body])
             while done < body:
                 done += os.pwritev(fd, [mv[done:]], offset + done)
-                self._stats["write_ops"] += 1
+                self._count("write_ops")
             if body < n:
                 tail = n - body
                 bounce = self._bounce(align_up(tail, self.alignment))
@@ -172,12 +243,12 @@ class PosixEngine(IOEngine):
                 done = 0
                 while done < bounce.nbytes:
                     done += os.pwritev(fd, [mv[done:]], offset + body + done)
-                    self._stats["write_ops"] += 1
-                self._stats["bounce_ops"] += 1
+                    self._count("write_ops")
+                self._count("bounce_ops")
         except OSError as e:
-            self._stats["errors"] += 1
+            self._count("errors")
             raise IOEngineError(e.errno, f"write {path} at {offset}: {e.strerror}") from None
-        self._stats["bytes_written"] += n
+        self._count("bytes_written", n)
 
     def allocate(self, path: str, size: int) -> None:
         fd, _ = self._fd(path, create=True)

@@ -1,0 +1,47 @@
+"""The ``flatcake`` command: ``bench-restore`` and ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .errors import FlatCakeError
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="flatcake", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    from . import bench_restore
+    b = sub.add_parser("bench-restore", help="cold restore of one long session vs the raw disk limit")
+    bench_restore.add_arguments(b)
+
+    i = sub.add_parser("inspect", help="sessions, segments, bytes per medium, watermark state")
+    i.add_argument("dir", help="store directory")
+    i.add_argument("--verify", action="store_true",
+                   help="re-check every checksum; exit 1 on damage")
+    i.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    i.add_argument("--ssd-bytes", help="SSD capacity for the watermark report (e.g. 512GiB)")
+
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.cmd == "bench-restore":
+            bench_restore.run(args)
+            return 0
+        if args.cmd == "inspect":
+            from . import inspect_store
+            from .config import parse_bytes
+            ssd = parse_bytes(args.ssd_bytes, "--ssd-bytes") if args.ssd_bytes else None
+            return inspect_store.run(args.dir, args.verify, args.json, ssd)
+    except FlatCakeError as e:
+        print(f"flatcake: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
