@@ -3,7 +3,8 @@
 Keys are reduced to a 128-bit fingerprint (``key_digest``): for a 64-char hex
 key (an SGLang page hash) the first 16 bytes of ``bytes.fromhex(key)`` -- hex
 is case-insensitive, so ``"AB.."`` and ``"ab.."`` are one key; any other ``str``
-uses ``blake2b(key, digest_size=16)``.  Two keys with equal fingerprints are
+uses ``blake2b(key.encode(), digest_size=16)`` (lone surrogates are encoded
+with ``surrogatepass`` rather than failing).  Two keys with equal fingerprints are
 the same key as far as the index is concerned (probability ~2**-128 per pair).
 A fingerprint is held as two little-endian uint64 words ``(d0, d1)``.
 
@@ -11,7 +12,8 @@ Storage is open addressing with linear probing over two numpy arrays:
 ``keys`` (capacity, 2) uint64 and ``vals`` (capacity,) uint64, i.e. 24 bytes a
 slot.  Slot markers are reserved fingerprints: EMPTY = (0, 0) and
 TOMBSTONE = (0, 1).  A real fingerprint (0, 0) or (0, 1) is remapped to
-(0, 2) or (0, 3) before use (``items_digests`` reports the remapped value).
+(0, 2) or (0, 3) before use, so it aliases that digest (p ~ 2**-127);
+``items_digests`` reports the remapped value.
 Capacity is a power of two; when an insert would make live + tombstones exceed
 0.75 * capacity the table is rebuilt: at the same capacity when tombstones fill
 at least 1/8 of it (load after rebuild <= 0.625), else at double capacity.
@@ -215,7 +217,7 @@ def _as_digests(digests) -> np.ndarray:
 
 
 def _as_addresses(addresses, n: int) -> np.ndarray:
-    """uint64 copy-free view of ``addresses`` (length n); ValueError naming an
+    """``addresses`` (length n) as contiguous uint64; ValueError naming an
     out-of-range value, TypeError for non-integers."""
     if isinstance(addresses, np.ndarray) and addresses.dtype.kind in "iub":
         if addresses.dtype.kind == "i" and addresses.size and addresses.min() < 0:

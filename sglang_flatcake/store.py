@@ -465,6 +465,12 @@ class FlatCakeStore:
             return empty_plan(self.layout.block_layer_bytes)
         return plan_reads(res.reads, self.config.alignment, self.config.merge_gap_bytes, split_layers)
 
+    def alloc_blocks(self, n: int) -> np.ndarray:
+        """An aligned ``(n, layers, block_layer_bytes)`` buffer: ``get`` reads straight into it
+        (an unaligned ``out`` works too, through the bounce buffer, at a cost)."""
+        return self.engine.alloc(n * self.layout.block_bytes).reshape(
+            n, self.layout.layers, self.layout.block_layer_bytes)
+
     def get(self, keys: Sequence[str], out: np.ndarray) -> GetResult:
         """Restore the leading stored run of ``keys`` into ``out`` (canonical block shape).
 

@@ -86,8 +86,9 @@ class SessionFiles:
         self.used_bytes += grow
 
     def adopt(self, sid: int, file_size: int) -> None:
-        """Register an existing file (recovery); its size is rounded down to whole extents."""
-        count = file_size // self.extent_bytes
+        """Register an existing file (recovery); its size is rounded up to whole extents
+        (a store may be reopened with another extent size)."""
+        count = -(-file_size // self.extent_bytes)
         self._map(sid, count)
         self.used_bytes += count * self.extent_bytes
 
