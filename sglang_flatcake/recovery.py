@@ -125,6 +125,53 @@ def scan_segments(read_at, file_size: int, layout: KVLayout, alignment: int,
         offset += geo.total_bytes
 
 
+def load_sessions(ssd, layout: KVLayout, alignment: int):
+    """Read every session manifest and scan its file's segments.
+
+    Returns (sessions, report counter, {sid: (end of the last good segment, file size)}).
+    Sessions with no committed segment are returned empty, for the caller to drop.
+    """
+    from collections import Counter
+
+    from .errors import FlatCakeError
+    from .sessions import Segment, Session
+
+    rep: Counter = Counter()
+    sessions, ends = [], {}
+    for mp in sorted(ssd.dir.glob("s*.json")):
+        try:
+            m = read_json(mp)
+            sid = int(m["session"])
+        except (FlatCakeError, KeyError, ValueError):
+            rep["bad_manifests"] += 1
+            continue
+        path = ssd.path(sid)
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        s = Session(sid, m.get("parent"), int(m.get("parent_blocks", 0)), m.get("created", 0.0),
+                    m.get("created", 0.0), m.get("label", ""), durable=True)
+        if size:
+            with open(path, "rb") as f:
+                def read_at(off, n, f=f):
+                    f.seek(off)
+                    return f.read(n)
+                for off, hdr in scan_segments(read_at, size, layout, alignment, sid):
+                    geo = SegmentGeometry(layout, hdr.n_blocks, alignment)
+                    s.add_segment(Segment(off, geo, hdr.digests, hdr.checksums, hdr.seq,
+                                          hdr.turn, hdr.first_pos))
+                    s.n_blocks += hdr.n_blocks
+                    s.tail = (int(hdr.digests[-1, 0]), int(hdr.digests[-1, 1]))
+                    s.last_used = max(s.last_used, hdr.created)
+        sessions.append(s)
+        ends[sid] = (s.write_offset, size)
+        if s.segments:
+            rep["sessions"] += 1
+            rep["segments"] += len(s.segments)
+            rep["blocks"] += s.n_blocks
+        else:
+            rep["empty_sessions"] += 1
+    return sessions, rep, ends
+
+
 def block_checksums(layer_sections: np.ndarray) -> np.ndarray:
     """xxh3_64 of each (layer, block) range; input shape (layers, n, block_layer_bytes)."""
     layers, n = layer_sections.shape[:2]

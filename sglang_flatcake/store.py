@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import xxhash
 
 from . import address as addr
 from .address import Medium
@@ -39,8 +38,9 @@ from .io import make_engine
 from .layout import KVLayout, SegmentGeometry
 from .placement import Placement, Rule, WriteSignals, place
 from .planner import ReadPlan, SegmentRead, empty_plan, plan_reads
-from .recovery import (STORE_MANIFEST, SegmentHeader, atomic_write_json, block_checksums,
-                       check_store_manifest, read_json, scan_segments, store_manifest)
+from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, load_sessions,
+                       read_json, store_manifest)
+from .restore import VectoredReader
 from .sessions import Segment, Session
 from .tiers.memory import HostArena
 from .tiers.reclaim import SessionUsage, choose_victims
@@ -103,7 +103,7 @@ class FlatCakeStore:
         self._next_sid = 1
         self.counters: Counter = Counter()
         self.recovery_report: dict = {}
-        self._junk_buf = self.engine.alloc(self.config.merge_gap_bytes + 4 * self.config.alignment)
+        self.reader = VectoredReader(self.engine, self.config.merge_gap_bytes)
         try:
             self._open()
         except BaseException:
@@ -150,46 +150,22 @@ class FlatCakeStore:
 
     def _recover(self) -> None:
         """Rebuild sessions and the index from manifests and segment headers."""
-        rep = Counter()
-        manifests = sorted(self.ssd.dir.glob("s*.json"))
-        for mp in manifests:
-            try:
-                m = read_json(mp)
-                sid = int(m["session"])
-            except (FlatCakeError, KeyError, ValueError):
-                rep["bad_manifests"] += 1
-                continue
-            self._next_sid = max(self._next_sid, sid + 1)
-            path = self.ssd.path(sid)
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                size = 0
-            s = Session(sid, m.get("parent"), int(m.get("parent_blocks", 0)), m.get("created", 0.0),
-                        m.get("created", 0.0), m.get("label", ""), durable=True)
-            with open(path, "rb") if size else open(os.devnull, "rb") as f:
-                def read_at(off, n, f=f):
-                    f.seek(off)
-                    return f.read(n)
-                for off, hdr in scan_segments(read_at, size, self.layout, self.config.alignment, sid):
-                    self._attach_segment(s, off, hdr)
-                    s.last_used = max(s.last_used, hdr.created)
-            torn_at = s.write_offset
+        sessions, rep, torn = load_sessions(self.ssd, self.layout, self.config.alignment)
+        for s in sessions:
+            self._next_sid = max(self._next_sid, s.sid + 1)
             if not s.segments:
-                rep["empty_sessions"] += 1
                 if not self.read_only:
-                    self.ssd.release(sid)
+                    self.ssd.release(s.sid)
                 continue
-            self.sessions[sid] = s
-            self.ssd.adopt(sid, size)
+            self.sessions[s.sid] = s
+            self.ssd.adopt(s.sid, torn[s.sid][1])
             for seg in s.segments:
                 self._index_segment(s, seg)
+            torn_at, size = torn[s.sid]
             if not self.read_only and size - torn_at >= self.config.alignment:
                 # zero a torn header, if any, so a later scan cannot misread it
-                self.engine.write(path, torn_at, np.zeros(self.config.alignment, np.uint8))
-            rep["sessions"] += 1
-            rep["segments"] += len(s.segments)
-            rep["blocks"] += s.n_blocks
+                self.engine.write(self.ssd.path(s.sid), torn_at,
+                                  np.zeros(self.config.alignment, np.uint8))
         for s in self.sessions.values():
             if s.parent in self.sessions:
                 self.sessions[s.parent].children.add(s.sid)
@@ -204,14 +180,6 @@ class FlatCakeStore:
         self.recovery_report = dict(rep)
         if rep:
             log.info("store %s recovered: %s", self.root, dict(rep))
-
-    def _attach_segment(self, s: Session, offset: int, hdr: SegmentHeader) -> Segment:
-        geo = SegmentGeometry(self.layout, hdr.n_blocks, self.config.alignment)
-        seg = Segment(offset, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, hdr.first_pos)
-        s.add_segment(seg)
-        s.n_blocks += hdr.n_blocks
-        s.tail = (int(hdr.digests[-1, 0]), int(hdr.digests[-1, 1]))
-        return seg
 
     def _index_segment(self, s: Session, seg: Segment) -> None:
         blb = self.layout.block_layer_bytes
@@ -364,7 +332,6 @@ class FlatCakeStore:
         """Write one layer-major segment at the session's end; data first, header last."""
         geo = SegmentGeometry(self.layout, len(dig), self.config.alignment)
         off = s.write_offset
-        path = self.ssd.path(s.sid)
         grow = -(-max(0, off + geo.total_bytes - self.ssd.file_bytes(s.sid))
                  // self.config.extent_bytes) * self.config.extent_bytes
         if grow > self.config.ssd_bytes:
@@ -373,24 +340,8 @@ class FlatCakeStore:
         self._maybe_reclaim(ssd_extra=grow)          # make room first, if past the watermark
         with self._meta:
             self.ssd.ensure(s.sid, off + geo.total_bytes)   # NotStoredError if still full
-        data = self.engine.alloc(geo.data_bytes)
-        sections = data.reshape(self.layout.layers, geo.layer_stride)
-        body = sections[:, :geo.layer_bytes].reshape(self.layout.layers, geo.n_blocks,
-                                                     self.layout.block_layer_bytes)
-        np.copyto(body, blocks.transpose(1, 0, 2))
-        sections[:, geo.layer_bytes:] = 0
-        hdr = SegmentHeader(s.sid, s.next_seq, max(0, int(turn)), first_pos, dig,
-                            block_checksums(body))
-        try:
-            self.engine.write(path, off + geo.header_bytes, data)
-            if self.config.durable:
-                self.engine.sync(path)
-            self.engine.write(path, off, hdr.encode(self.layout, self.config.alignment))
-            if self.config.durable:
-                self.engine.sync(path)
-        except IOEngineError as e:
-            raise NotStoredError(f"segment write to {path} failed: {e}") from None
-        return Segment(off, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, first_pos)
+        return self.ssd.write_segment(s.sid, off, geo, dig, blocks, s.next_seq, turn, first_pos,
+                                      self.config.durable)
 
     def _as_blocks(self, blocks: np.ndarray, n: int) -> np.ndarray:
         b = np.asarray(blocks)
@@ -488,7 +439,7 @@ class FlatCakeStore:
             plan = (plan_reads(res.reads, self.config.alignment, self.config.merge_gap_bytes)
                     if res.reads else empty_plan(self.layout.block_layer_bytes))
             try:
-                self._execute(plan, out, bad)
+                self.reader.read_into(plan, out, bad, self.config.verify_reads)
             except IOEngineError as e:
                 log.warning("flatcake: read failed, served as a miss: %s", e)
                 self.counters["read_errors"] += 1
@@ -508,51 +459,6 @@ class FlatCakeStore:
         c["ssd_blocks_read"] += hits - mem_hits
         return GetResult(hits, mem_hits, hits - mem_hits, plan.read_commands, plan.bytes_read,
                          plan.bytes_wanted, int(bad.sum()))
-
-    def _execute(self, plan: ReadPlan, out: np.ndarray, bad: np.ndarray) -> None:
-        """Read the plan with vectored reads straight into ``out`` (no staging copy);
-        every command is in flight at once and each is verified as it lands."""
-        if not plan.commands:
-            return
-        order = np.lexsort((plan.piece_offset, plan.piece_cmd))
-        starts = np.searchsorted(plan.piece_cmd[order], np.arange(len(plan.commands) + 1))
-        pb = plan.piece_bytes
-        junk = self._junk
-
-        def scatter(ci: int) -> list[np.ndarray]:
-            iov, cur = [], 0
-            for j in order[starts[ci]:starts[ci + 1]]:
-                o = int(plan.piece_offset[j])
-                if o > cur:
-                    iov.append(junk(o - cur))
-                iov.append(out[plan.piece_dest[j], plan.piece_layer[j]])
-                cur = o + pb
-            if cur < plan.commands[ci].length:
-                iov.append(junk(plan.commands[ci].length - cur))
-            return iov
-
-        handles = self.engine.submit(plan.commands, [scatter(i) for i in range(len(plan.commands))])
-        h = xxhash.xxh3_64_intdigest
-        first: IOEngineError | None = None
-        for ci, handle in enumerate(handles):   # verify each command as it lands
-            try:
-                handle.wait()
-            except IOEngineError as e:
-                first = first or e
-                continue
-            if first is None and self.config.verify_reads:
-                for j in order[starts[ci]:starts[ci + 1]]:
-                    d = plan.piece_dest[j]
-                    if h(out[d, plan.piece_layer[j]]) != int(plan.piece_checksum[j]):
-                        bad[d] = True
-        if first is not None:
-            raise first
-
-    def _junk(self, nbytes: int) -> np.ndarray:
-        """Scratch space for bytes read through (gaps, alignment); contents are discarded."""
-        if self._junk_buf.nbytes < nbytes:
-            self._junk_buf = self.engine.alloc(max(nbytes, 2 * self._junk_buf.nbytes))
-        return self._junk_buf[:nbytes]
 
     # ------------------------------------------------------------------ reclaim
     def _usage(self, medium: Medium) -> list[SessionUsage]:

@@ -47,7 +47,7 @@ class PosixEngine(IOEngine):
     name = "posix"
 
     def __init__(self, alignment: int = 4096, threads: int = 4,
-                 max_io_bytes: int = 8 << 20, direct: bool = True) -> None:
+                 max_io_bytes: int = 4 << 20, direct: bool = True) -> None:
         super().__init__(alignment)
         self.threads = threads
         self.max_io_bytes = max(alignment, align_down(max_io_bytes, alignment))

@@ -14,9 +14,14 @@ import heapq
 import os
 from pathlib import Path
 
+import numpy as np
+
 from ..address import MAX_OFFSET
 from ..errors import IOEngineError, NotStoredError
 from ..io.base import IOEngine
+from ..layout import SegmentGeometry
+from ..recovery import SegmentHeader, block_checksums
+from ..sessions import Segment
 
 
 class SessionFiles:
@@ -117,3 +122,32 @@ class SessionFiles:
                 p.unlink()
             except FileNotFoundError:
                 pass
+
+    def write_segment(self, sid: int, offset: int, geo: SegmentGeometry, digests: np.ndarray,
+                      blocks: np.ndarray, seq: int, turn: int, first_pos: int,
+                      durable: bool) -> Segment:
+        """Write one layer-major segment at ``offset`` of the session's file.
+
+        Data first, then (after fdatasync when ``durable``) the header that
+        commits it, so a crash leaves either a whole segment or a torn one that
+        recovery drops.  ``blocks`` is ``(n, layers, block_layer_bytes)``; the
+        file must already be allocated (``ensure``).  Raises ``NotStoredError``.
+        """
+        lay = geo.layout
+        path = self.path(sid)
+        data = self.engine.alloc(geo.data_bytes)
+        sections = data.reshape(lay.layers, geo.layer_stride)
+        body = sections[:, :geo.layer_bytes].reshape(lay.layers, geo.n_blocks, lay.block_layer_bytes)
+        np.copyto(body, blocks.transpose(1, 0, 2))
+        sections[:, geo.layer_bytes:] = 0
+        hdr = SegmentHeader(sid, seq, max(0, int(turn)), first_pos, digests, block_checksums(body))
+        try:
+            self.engine.write(path, offset + geo.header_bytes, data)
+            if durable:
+                self.engine.sync(path)
+            self.engine.write(path, offset, hdr.encode(lay, geo.alignment))
+            if durable:
+                self.engine.sync(path)
+        except IOEngineError as e:
+            raise NotStoredError(f"segment write to {path} failed: {e}") from None
+        return Segment(offset, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, first_pos)
