@@ -91,6 +91,9 @@ class FlatCakeConfig:
         "help": "check every block's checksum on read (a mismatch is a miss)"})
     on_layout_mismatch: str = dataclasses.field(default="refuse", metadata={
         "help": "a store written with another layout: refuse to start, or reset it empty"})
+    store_dir: str = dataclasses.field(default="", metadata={
+        "help": "root of the store (each rank uses its own subfolder); default: "
+                "--file-storage-path's folder, else /tmp/flatcake"})
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str) -> None:

@@ -159,6 +159,8 @@ def load_sessions(ssd, layout: KVLayout, alignment: int):
                     s.add_segment(Segment(off, geo, hdr.digests, hdr.checksums, hdr.seq,
                                           hdr.turn, hdr.first_pos))
                     s.n_blocks += hdr.n_blocks
+                    s.writes += 1
+                    s.last_write_blocks = hdr.n_blocks
                     s.tail = (int(hdr.digests[-1, 0]), int(hdr.digests[-1, 1]))
                     s.last_used = max(s.last_used, hdr.created)
         sessions.append(s)

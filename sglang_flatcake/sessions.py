@@ -58,6 +58,9 @@ class Session:
     children: set[int] = field(default_factory=set)
     next_seq: int = 0
     durable: bool = False        # manifest written
+    writes: int = 0              # write batches stored in this session
+    last_write_blocks: int = 0   # blocks of the latest write batch
+    last_reply_blocks: int = 0   # blocks of the latest odd-numbered write (a reply, write-through)
 
     @property
     def lineage_end(self) -> int:

@@ -74,6 +74,16 @@ class GetResult:
     corrupt: int                 # blocks dropped because their checksum did not match
 
 
+@dataclass(frozen=True)
+class Lineage:
+    session: int
+    writes: int                  # write batches in the lineage (this session and its parents)
+    last_write_blocks: int       # blocks of the session's latest write batch
+    last_reply_blocks: int       # blocks of its latest odd-numbered write (a reply, write-through)
+    position: int                # blocks of the chain up to and including the key
+    at_tail: bool                # the key is the session's last block
+
+
 @dataclass
 class _Resolved:
     n: int                                   # leading run found in the index
@@ -322,6 +332,10 @@ class FlatCakeStore:
                 self.counters["memory_blocks_written"] += len(mem_idx)
             stored = (seg.n_blocks if seg is not None else 0) + len(mem_idx)
             if stored:
+                if s.writes % 2 == 1:
+                    s.last_reply_blocks = stored
+                s.writes += 1
+                s.last_write_blocks = stored
                 s.n_blocks += stored
                 s.tail = (int(dig[keep - 1, 0]), int(dig[keep - 1, 1]))
                 s.last_used = time.time()
@@ -361,6 +375,22 @@ class FlatCakeStore:
             _, found = self.index.lookup_digests(key_digests(keys))
         miss = np.nonzero(~found)[0]
         return int(miss[0]) if len(miss) else len(keys)
+
+    def lineage(self, key: str) -> Lineage | None:
+        """What the store knows of the session that holds ``key`` (None for a miss)."""
+        dig = np.frombuffer(key_digest(key), "<u8").reshape(1, 2)
+        with self._meta:
+            a, ok = self.index.lookup_digests(dig)
+            if not ok[0]:
+                return None
+            sid, pos = self._owner_and_position(int(a[0]))
+            s = self.sessions[sid]
+            writes, p = s.writes, self.sessions.get(s.parent) if s.parent is not None else None
+            while p is not None:          # earlier turns of the lineage live in the parents
+                writes += p.writes
+                p = self.sessions.get(p.parent) if p.parent is not None else None
+            return Lineage(sid, writes, s.last_write_blocks, s.last_reply_blocks, pos + 1,
+                           s.tail == (int(dig[0, 0]), int(dig[0, 1])))
 
     def locate(self, keys: Sequence[str]) -> list[addr.Address | None]:
         """The address of each key, or ``None`` for a miss (one index lookup per key)."""
@@ -506,6 +536,14 @@ class FlatCakeStore:
         if s.parent in self.sessions:
             self.sessions[s.parent].children.discard(s.sid)
         self.ssd.release(s.sid)
+
+    def clear(self) -> int:
+        """Free every session no reader holds; returns how many were freed."""
+        with self._write_lock, self._meta:
+            victims = [s for s in self.sessions.values() if s.readers == 0]
+            for s in sorted(victims, key=lambda s: -s.sid):   # branches before parents
+                self._drop_session(s)
+        return len(victims)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:

@@ -1,0 +1,194 @@
+"""``FlatCakeStorage``: the FlatCake store as an SGLang HiCache storage backend (zero-copy v1).
+
+SGLang calls ``batch_exists``, ``batch_get_v1`` and ``batch_set_v1`` with page
+hashes and host-pool token indices; pages move between the host pool and the
+store through ``pages.HostPages``.  Each TP/PP rank opens its own store under
+``store_dir`` so that no rank touches another's files.  Placement gets its
+signals from ``signals.SignalBoard`` (filled by scheduler hooks) and, where the
+hooks saw nothing, from the hash chain itself: the existing context is
+``len(prefix_keys) * page_size`` and the turn is the number of earlier write
+batches of the session the write continues.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+import numpy as np
+
+from ..config import FlatCakeConfig
+from ..errors import ConfigError
+from ..placement import WriteSignals
+from ..store import FlatCakeStore
+from . import signals as signal_board
+from .pages import HostPages
+
+log = logging.getLogger("sglang_flatcake")
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+
+@dataclass
+class FlatCakeMetrics:
+    """SGLang's ``StorageMetrics`` fields, plus ``flatcake``: the store's counters."""
+
+    prefetch_pgs: list = field(default_factory=list)
+    backup_pgs: list = field(default_factory=list)
+    prefetch_bandwidth: list = field(default_factory=list)
+    backup_bandwidth: list = field(default_factory=list)
+    flatcake: dict = field(default_factory=dict)
+
+# keys SGLang itself puts into extra_config, which are not flatcake settings
+_SGLANG_KEYS = {"file_storage_path", "backend_name", "module_path", "class_name", "interface_v1",
+                "tp_lcm_size"}
+
+
+def config_from_extra(extra: dict | None) -> tuple[FlatCakeConfig, dict]:
+    """Split SGLang's extra_config into a validated ``FlatCakeConfig`` and the rest."""
+    extra = dict(extra or {})
+    ours, rest = {}, {}
+    names = set(FlatCakeConfig.__dataclass_fields__)
+    for k, v in extra.items():
+        key = k.replace("-", "_")
+        key = key[len("flatcake_"):] if key.startswith("flatcake_") else key
+        (ours if key in names else rest)[key if key in names else k] = v
+    unknown = set(rest) - _SGLANG_KEYS
+    if unknown:
+        log.warning("flatcake: ignoring unknown extra-config keys %s", sorted(unknown))
+    return FlatCakeConfig.from_mapping(ours, prefix="--flatcake-"), rest
+
+
+def rank_dir(root: str, cfg: Any) -> Path:
+    """The folder one rank owns: ``root/<model>/tp<rank>of<size>[_pp..][_dp..][_cp..]``."""
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(getattr(cfg, "model_name", None) or "model"))[-80:]
+    parts = [f"tp{cfg.tp_rank}of{cfg.tp_size}"]
+    if getattr(cfg, "pp_size", 1) > 1:
+        parts.append(f"pp{cfg.pp_rank}of{cfg.pp_size}")
+    if getattr(cfg, "attn_cp_size", 1) > 1:
+        parts.append(f"cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}")
+    if getattr(cfg, "dp_rank", 0):
+        parts.append(f"dp{cfg.dp_rank}")
+    return Path(root) / model / "_".join(parts)
+
+
+class FlatCakeStorage(HiCacheStorage):
+    """HiCache storage backend; construct with ``(storage_config, mem_pool_host)``."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None) -> None:
+        self.storage_config = storage_config
+        self.config, rest = config_from_extra(getattr(storage_config, "extra_config", None))
+        if storage_config.is_mla_model and storage_config.tp_size > 1:
+            raise ConfigError(
+                "flatcake: MLA models with --tp-size > 1 are not supported yet (only one rank "
+                "writes MLA pages, and each rank owns its own store); use --tp-size 1")
+        root = (self.config.store_dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
+                or rest.get("file_storage_path") or "/tmp/flatcake")
+        self.dir = rank_dir(root, storage_config)
+        self.store: Optional[FlatCakeStore] = None
+        self.pages: Optional[HostPages] = None
+        self.mem_pool_host = None
+        if mem_pool_host is not None:
+            self.register_mem_pool_host(mem_pool_host)
+
+    # -- attach --------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Open the store with the page geometry of ``mem_pool_host``."""
+        if self.store is not None:
+            return
+        self.mem_pool_host = mem_pool_host
+        kind = "mla" if hasattr(mem_pool_host, "kv_buffer") and not hasattr(mem_pool_host, "v_buffer") \
+            else "mha"
+        buffers = ([mem_pool_host.kv_buffer] if kind == "mla"
+                   else [mem_pool_host.k_buffer, mem_pool_host.v_buffer])
+        layer_num = getattr(mem_pool_host, "layer_num", None) or buffers[0].shape[1]
+        self.pages = HostPages(buffers, mem_pool_host.layout, mem_pool_host.page_size,
+                               int(layer_num), kind)
+        self.store = FlatCakeStore(self.dir, self.pages.kv_layout, self.config)
+        log.info("flatcake: store %s opened (%s, %d B per page, %s)", self.dir,
+                 self.pages.kv_layout.kind, self.pages.kv_layout.block_bytes,
+                 self.store.recovery_report or "new")
+
+    # -- v1 --------------------------------------------------------------------------
+    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        return self.store.exists(keys) if keys else 0
+
+    def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        if not keys:
+            return []
+        out = self.store.alloc_blocks(len(keys))
+        res = self.store.get(keys, out)
+        self.pages.scatter(host_indices, out, res.hits)
+        signal_board.BOARD.note_read(res)
+        return [i < res.hits for i in range(len(keys))]
+
+    def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        if not keys:
+            return []
+        prefix = list(getattr(extra_info, "prefix_keys", None) or [])
+        blocks = self.pages.gather(host_indices)
+        sigs = self._signals(keys, prefix)
+        res = self.store.put(keys, blocks, prefix_keys=prefix, signals=sigs)
+        ok = res.stored + res.existing
+        return [i < ok for i in range(len(keys))]
+
+    def _signals(self, keys: List[str], prefix: List[str]) -> list[WriteSignals]:
+        """Write-time signals per page: what the scheduler hooks posted, else the chain's own.
+
+        The batches of one backup operation share the turn, the previous reply and
+        the context that existed before the operation (see ``signals``).
+        """
+        ps = self.pages.kv_layout.page_tokens
+        op = signal_board.BOARD.op_state()
+        if op is not None and "turn" in op:
+            turn, prev, ctx = op["turn"], op["prev"], op["ctx"]
+        else:
+            lin = self.store.lineage(prefix[-1]) if prefix else None
+            turn = lin.writes // 2 if lin else 0       # write-through: prompt and reply per turn
+            prev = lin.last_reply_blocks * ps if lin else 0
+            ctx = len(prefix) * ps
+            if op is not None:
+                op.update(turn=turn, prev=prev, ctx=ctx)
+        out = []
+        for k in keys:
+            seen = signal_board.BOARD.lookup(k)
+            ref = seen.refcount if seen is not None else 1
+            out.append(WriteSignals(refcount=ref, turn=turn, context_tokens=ctx,
+                                    prev_reply_tokens=prev))
+        return out
+
+    # -- v0 (SGLang selects v1 for flatcake; these exist because the base declares them) --
+    def exists(self, key: str) -> bool:
+        return self.store.exists([key]) == 1
+
+    def get(self, key, target_location=None, target_sizes=None):
+        raise NotImplementedError("flatcake implements the zero-copy v1 interface (batch_get_v1)")
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        raise NotImplementedError("flatcake implements the zero-copy v1 interface (batch_get_v1)")
+
+    def set(self, key, value=None, target_location=None, target_sizes=None):
+        raise NotImplementedError("flatcake implements the zero-copy v1 interface (batch_set_v1)")
+
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+        raise NotImplementedError("flatcake implements the zero-copy v1 interface (batch_set_v1)")
+
+    # -- housekeeping ----------------------------------------------------------------
+    def clear(self) -> None:
+        """Drop every session (``/flush_cache`` does not call this; ``clear_storage_backend`` does)."""
+        if self.store is not None:
+            self.store.clear()
+
+    def get_stats(self):
+        st = self.store.stats() if self.store is not None else {}
+        signal_board.BOARD.publish(st)
+        return FlatCakeMetrics(flatcake=st)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None

@@ -1,0 +1,131 @@
+"""What makes SGLang 0.5.23's HiCache run on a CPU server, as runtime hooks.
+
+Every hook is a no-op when CUDA (or another accelerator SGLang supports) is
+present, so nothing changes on a GPU:
+
+1. ``HostKVCache.__init__``: no memory pinning without an accelerator (pinning
+   calls ``cudaHostRegister``).
+2. ``pool_host.mha`` / ``pool_host.mla``: the transfer ops SGLang binds only on
+   CUDA/HIP/XPU are bound to the torch-native equivalents below.
+3. ``resolve_layout_io_compatibility``: on ``--device cpu`` the default
+   ``kernel`` I/O backend resolves to ``direct`` (and so the default
+   ``page_first`` layout to ``page_first_direct``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+log = logging.getLogger("sglang_flatcake")
+
+_OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf",
+        "transfer_kv_all_layer_direct_lf_pf")
+
+
+def accelerator_present() -> bool:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return True
+        xpu = getattr(torch, "xpu", None)
+        return bool(xpu is not None and xpu.is_available())
+    except Exception:
+        return False
+
+
+# -- torch-native transfer ops (same signatures as sgl_kernel.kvcacheio) ----------
+
+def transfer_kv_direct(src_layers: Sequence, dst_layers: Sequence, src_indices, dst_indices,
+                       page_size: int) -> None:
+    """Token-indexed copy per layer buffer: ``dst[dst_indices] = src[src_indices]``."""
+    if len(src_layers) != len(dst_layers):
+        raise ValueError(f"transfer_kv_direct: {len(src_layers)} sources for {len(dst_layers)} "
+                         "destinations")
+    si, di = src_indices.long(), dst_indices.long()
+    for s, d in zip(src_layers, dst_layers):
+        d[di] = s[si].to(d.device)
+
+
+def transfer_kv_per_layer_direct_pf_lf(src_ptrs: Sequence, dst_ptrs: Sequence, src_indices,
+                                       dst_indices, layer_id: int, page_size: int) -> None:
+    """Host ``page_first_direct`` ``[page, layer, page_size, ...]`` -> device layer buffers."""
+    si, di = src_indices.long(), dst_indices.long()
+    page, off = si // page_size, si % page_size
+    for s, d in zip(src_ptrs, dst_ptrs):
+        d[di] = s[page, layer_id, off].to(d.device)
+
+
+def transfer_kv_all_layer_direct_lf_pf(src_ptrs: Sequence, dst_ptrs: Sequence, src_indices,
+                                       dst_indices, page_size: int) -> None:
+    """Device layer buffers (all K layers, then all V layers) -> host ``page_first_direct``."""
+    parts = len(dst_ptrs)
+    if parts == 0 or len(src_ptrs) % parts:
+        raise ValueError(f"transfer_kv_all_layer_direct_lf_pf: {len(src_ptrs)} layer buffers "
+                         f"for {parts} host buffers")
+    layers = len(src_ptrs) // parts
+    si, di = src_indices.long(), dst_indices.long()
+    page, off = di // page_size, di % page_size
+    for p, d in enumerate(dst_ptrs):
+        for layer in range(layers):
+            d[page, layer, off] = src_ptrs[p * layers + layer][si].to(d.device)
+
+
+# -- hooks -----------------------------------------------------------------------------
+
+def _no_pin_before_init(*args, **kwargs):
+    """Runs as each host pool is built (scheduler process): no pinning, CPU ops bound."""
+    if accelerator_present():
+        return None
+    bind_cpu_transfer_ops()
+    if kwargs.get("pin_memory"):
+        kwargs["pin_memory"] = False
+        return args, kwargs
+    return None
+
+
+def _resolve_io_around(original, server_args, *a, **kw):
+    result = original(server_args, *a, **kw)
+    try:
+        from sglang.srt.arg_groups.hicache_hook import declare_resolution, resolving_view
+        cfg = resolving_view(server_args)
+        if (getattr(cfg, "device", None) == "cpu" and cfg.hicache_io_backend == "kernel"
+                and not accelerator_present()):
+            declare_resolution(server_args, "_resolve_layout_io_compatibility",
+                               hicache_io_backend="direct")
+            if cfg.hicache_mem_layout == "page_first":
+                declare_resolution(server_args, "_resolve_layout_io_compatibility",
+                                   hicache_mem_layout="page_first_direct")
+            log.info("flatcake: --device cpu: HiCache I/O backend resolved to direct")
+    except Exception as e:  # keep SGLang's own resolution if its internals moved
+        log.warning("flatcake: could not adjust the HiCache I/O backend for CPU: %s", e)
+    return result
+
+
+def bind_cpu_transfer_ops() -> None:
+    """Bind the torch-native ops into the loaded host-pool modules that SGLang left unbound.
+
+    The ops are module globals looked up at call time, so binding them before the
+    first transfer is enough; modules not imported yet are bound when their pool is built.
+    """
+    if accelerator_present():
+        return
+    import sys
+    this = sys.modules[__name__]
+    for modname in ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla"):
+        mod = sys.modules.get(modname)
+        if mod is None:
+            continue
+        for op in _OPS:
+            if not hasattr(mod, op):
+                setattr(mod, op, getattr(this, op))
+
+
+def register_cpu_hooks(registry, hook_type) -> None:
+    """Register the CPU hooks with SGLang's ``HookRegistry`` (no-ops on a GPU)."""
+    if accelerator_present():
+        return
+    registry.register("sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__",
+                      _no_pin_before_init, hook_type.BEFORE)
+    registry.register("sglang.srt.arg_groups.hicache_hook.resolve_layout_io_compatibility",
+                      _resolve_io_around, hook_type.AROUND)
