@@ -81,8 +81,8 @@ class FlatCakeConfig:
         "help": "I/O engine: " + "|".join(IO_ENGINES)})
     io_threads: int = dataclasses.field(default=4, metadata={
         "help": "reads in flight per store"})
-    extent_bytes: int = dataclasses.field(default=64 << 20, metadata={
-        "help": "session files grow in extents of this size", "bytes": True})
+    extent_bytes: int = dataclasses.field(default=4 << 20, metadata={
+        "help": "unit of SSD space: session files grow by doubling, in whole extents", "bytes": True})
     node_id: int = dataclasses.field(default=0, metadata={
         "help": "this node's number in block addresses (0..4095)"})
     durable: bool = dataclasses.field(default=True, metadata={

@@ -291,12 +291,12 @@ class FlatCakeStore:
                            for p, sg in zip(tentative, sigs))
         for p in placements:
             self.counters[f"placement_{p.rule.value}"] += 1
-        if not s.durable:
+        ssd_idx = [i for i, p in enumerate(placements) if p.medium == Medium.SSD]
+        if ssd_idx and not s.durable:     # a memory-only session needs nothing on disk
             atomic_write_json(self.ssd.manifest_path(s.sid), {
                 "session": s.sid, "parent": s.parent, "parent_blocks": s.parent_blocks,
                 "created": s.created, "label": s.label})
             s.durable = True
-        ssd_idx = [i for i, p in enumerate(placements) if p.medium == Medium.SSD]
         mem_idx = [i for i, p in enumerate(placements) if p.medium == Medium.MEMORY]
         keep = n  # blocks [0, keep) are stored; a failure truncates the batch there
         error = None

@@ -33,15 +33,26 @@ log = logging.getLogger("sglang_flatcake")
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 
-@dataclass
-class FlatCakeMetrics:
-    """SGLang's ``StorageMetrics`` fields, plus ``flatcake``: the store's counters."""
+def _metrics_type():
+    """SGLang's ``StorageMetrics`` (its collector asserts the type), plus a ``flatcake`` dict."""
+    try:
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+    except Exception:  # a partial sglang install: same fields, standalone
+        @dataclass
+        class StorageMetrics:  # type: ignore[no-redef]
+            prefetch_pgs: list = field(default_factory=list)
+            backup_pgs: list = field(default_factory=list)
+            prefetch_bandwidth: list = field(default_factory=list)
+            backup_bandwidth: list = field(default_factory=list)
 
-    prefetch_pgs: list = field(default_factory=list)
-    backup_pgs: list = field(default_factory=list)
-    prefetch_bandwidth: list = field(default_factory=list)
-    backup_bandwidth: list = field(default_factory=list)
-    flatcake: dict = field(default_factory=dict)
+    @dataclass
+    class FlatCakeMetrics(StorageMetrics):
+        flatcake: dict = field(default_factory=dict)
+
+    return FlatCakeMetrics
+
+
+_METRICS = None
 
 # keys SGLang itself puts into extra_config, which are not flatcake settings
 _SGLANG_KEYS = {"file_storage_path", "backend_name", "module_path", "class_name", "interface_v1",
@@ -186,7 +197,10 @@ class FlatCakeStorage(HiCacheStorage):
     def get_stats(self):
         st = self.store.stats() if self.store is not None else {}
         signal_board.BOARD.publish(st)
-        return FlatCakeMetrics(flatcake=st)
+        global _METRICS
+        if _METRICS is None:
+            _METRICS = _metrics_type()
+        return _METRICS(flatcake=st)
 
     def close(self) -> None:
         if self.store is not None:

@@ -1,7 +1,8 @@
 """SSD tier as a directory of session files, mapped into one flat address space.
 
 Each session owns ``sessions/<sid>.kv``, pre-allocated with fallocate and grown
-in extents of ``extent_bytes``.  Every extent of every file gets a number in a
+geometrically (doubling, at most ``max_step_bytes`` at a time) in whole extents of
+``extent_bytes``.  Every extent of every file gets a number in a
 flat 48-bit space, so a block's SSD address is ``extent * extent_bytes +
 offset_in_extent``; ``locate`` turns it back into (session, file offset) with
 one dict lookup.  Extent numbers are reused after reclaim.
@@ -25,12 +26,14 @@ from ..sessions import Segment
 
 
 class SessionFiles:
-    def __init__(self, root: Path, engine: IOEngine, extent_bytes: int, capacity_bytes: int) -> None:
+    def __init__(self, root: Path, engine: IOEngine, extent_bytes: int, capacity_bytes: int,
+                 max_step_bytes: int = 256 << 20) -> None:
         self.dir = root / "sessions"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
         self.extent_bytes = extent_bytes
         self.capacity_bytes = capacity_bytes
+        self.max_step_bytes = max(max_step_bytes, extent_bytes)
         self._extents: dict[int, list[int]] = {}          # sid -> logical extent numbers
         self._owner: dict[int, tuple[int, int]] = {}      # extent -> (sid, index in file)
         self._free: list[int] = []
@@ -71,7 +74,11 @@ class SessionFiles:
         have = self.file_bytes(sid)
         if end <= have:
             return
-        want = -(-end // self.extent_bytes) * self.extent_bytes
+        # grow geometrically (a small session stays small, a long one grows in large steps)
+        target = max(end, min(2 * have, have + self.max_step_bytes))
+        want = -(-target // self.extent_bytes) * self.extent_bytes
+        if self.used_bytes + want - have > self.capacity_bytes:
+            want = -(-end // self.extent_bytes) * self.extent_bytes   # just what is needed
         grow = want - have
         if self.used_bytes + grow > self.capacity_bytes:
             raise NotStoredError(

@@ -1,0 +1,111 @@
+"""Start and stop a real ``sglang.launch_server`` with flatcake, for the demo, benchmarks and tests.
+
+``ServerProcess`` launches the server in its own process group, waits for
+``/health_generate``, and kills the whole group on ``stop()``.  The arguments
+for a CPU server follow shared notes: ``--device cpu --model-impl
+transformers`` with a capped ``--max-total-tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: str = "flatcake",
+                    max_total_tokens: int = 8192, hicache_ratio: float = 2.0,
+                    extra: list[str] | None = None) -> list[str]:
+    """Arguments for a CPU HiCache server with ``backend`` as the storage tier."""
+    args = ["--model-path", model, "--device", "cpu", "--model-impl", "transformers",
+            "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size),
+            "--enable-cache-report", "--disable-cuda-graph", "--dtype", "float32",
+            "--mem-fraction-static", "0.5"]
+    if backend != "none":
+        args += ["--enable-hierarchical-cache", "--hicache-ratio", str(hicache_ratio),
+                 "--hicache-storage-backend", backend,
+                 "--hicache-storage-prefetch-policy", "wait_complete"]
+        if backend == "flatcake":
+            args += ["--flatcake-store-dir", store_dir]
+        elif backend == "file":
+            args += ["--hicache-storage-backend-extra-config",
+                     json.dumps({"file_storage_path": store_dir})]
+    return args + list(extra or [])
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], port: int | None = None, log_path: str | None = None,
+                 env: dict | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 600) -> "ServerProcess":
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *self.args],
+                                     stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} while starting; "
+                                   f"log: {self.log_path} {self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {timeout}s; log: {self.log_path} {self.tail()}")
+
+    def tail(self, n: int = 4000) -> str:
+        if not self.log_path or not Path(self.log_path).exists():
+            return ""
+        return Path(self.log_path).read_bytes()[-n:].decode(errors="replace")
+
+    def post(self, path: str, body: dict, timeout: float = 600) -> dict:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read() or b"{}")
+
+    def get(self, path: str, timeout: float = 60) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=60)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,190 @@
+"""End to end on CPU: a real ``sglang.launch_server`` with ``--hicache-storage-backend flatcake``.
+
+A tiny random Llama is built at test time (no download).  Each test starts real
+servers; together they take a few minutes, so they are marked ``e2e``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sglang.srt.server_args")
+pytest.importorskip("transformers")
+
+from sglang_flatcake.sglang.server import ServerProcess, cpu_server_args  # noqa: E402
+from sglang_flatcake.sglang.tiny_model import build_tiny_llama  # noqa: E402
+from sglang_flatcake.store import FlatCakeStore  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-llama"))
+
+
+def prompt_ids(n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.integers(2, 400, size=n)]
+
+
+def generate(server, ids, new_tokens=4):
+    return server.post("/generate", {
+        "input_ids": ids, "return_logprob": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}})
+
+
+def logprobs(resp):
+    return [t[0] for t in resp["meta_info"]["output_token_logprobs"]]
+
+
+def stored_blocks(store_dir) -> int:
+    """Blocks a store directory holds on SSD, as an offline reader sees them."""
+    total = 0
+    for manifest in store_dir.rglob("flatcake.json"):
+        st = FlatCakeStore.open_existing(manifest.parent)
+        total += sum(s.n_blocks for s in st.sessions.values())
+        st.close()
+    return total
+
+
+def wait_for(cond, timeout=120, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_restart_and_hit_from_flatcake(model, tmp_path):
+    store = tmp_path / "store"
+    ids = prompt_ids(1024, 1)
+    args = cpu_server_args(model, str(store), PAGE)
+    with ServerProcess(args, log_path=str(tmp_path / "s1.log")) as s:
+        first = generate(s, ids)
+        wait_for(lambda: stored_blocks(store) >= 1024 // PAGE - 1, what="the prompt to be stored")
+    with ServerProcess(args, log_path=str(tmp_path / "s2.log")) as s:
+        second = generate(s, ids)
+    details = second["meta_info"].get("cached_tokens_details") or {}
+    assert int(details.get("storage", 0)) >= len(ids) - 2 * PAGE, details
+    assert details.get("storage_backend") == "FlatCakeStorage", details
+    assert np.allclose(logprobs(first), logprobs(second), atol=1e-4)
+
+
+HELP_AND_BAD_FLAG = r"""
+import sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+try:
+    prepare_server_args(["--help"])
+except SystemExit:
+    pass
+print("=====")
+sys.stdout.flush()
+prepare_server_args(sys.argv[1:])
+"""
+
+
+def test_help_lists_flags_and_bad_flag_stops_the_server(model, tmp_path):
+    r = subprocess.run([sys.executable, "-c", HELP_AND_BAD_FLAG,
+                        *cpu_server_args(model, str(tmp_path), PAGE,
+                                         extra=["--flatcake-high-watermark", "1.7"])],
+                       capture_output=True, text=True, timeout=600)
+    help_text = r.stdout.split("=====")[0]
+    assert "--flatcake-high-watermark" in help_text and "(default: 0.9)" in help_text
+    assert "flatcake" in help_text.split("--hicache-storage-backend")[1][:300]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "--flatcake-high-watermark=1.7" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def reference(model, tmp_path_factory):
+    """Outputs of a server with no cache at all (no radix cache, no HiCache)."""
+    a, b = prompt_ids(600, 2), prompt_ids(40, 3)
+    log = tmp_path_factory.mktemp("ref") / "ref.log"
+    args = cpu_server_args(model, "", PAGE, backend="none", extra=["--disable-radix-cache"])
+    with ServerProcess(args, log_path=str(log)) as ref:
+        first = generate(ref, a, 16)
+        out1 = [t[1] for t in first["meta_info"]["output_token_logprobs"]]
+        turn2 = a + out1 + b
+        second = generate(ref, turn2, 8)
+    return {"a": a, "first": first, "turn2": turn2, "second": second}
+
+
+def flush(server, timeout: float = 120) -> None:
+    """POST /flush_cache until SGLang accepts it (it refuses while backups are in flight)."""
+    deadline = time.time() + timeout
+    while True:
+        req = urllib.request.Request(server.url + "/flush_cache", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                if r.status == 200:
+                    return
+        except urllib.error.HTTPError as e:
+            if e.code != 400 or time.time() > deadline:
+                raise
+        time.sleep(1)
+
+
+def test_multi_turn_history_served_from_storage_after_flush(model, tmp_path, reference):
+    store = tmp_path / "store"
+    a = reference["a"]
+    with ServerProcess(cpu_server_args(model, str(store), PAGE),
+                       log_path=str(tmp_path / "s.log")) as s:
+        first = generate(s, a, 16)
+        assert np.allclose(logprobs(first), logprobs(reference["first"]), atol=1e-4)
+        wait_for(lambda: stored_blocks(store) >= len(a) // PAGE, what="turn 1 to be stored")
+        flush(s)
+        second = generate(s, reference["turn2"], 8)
+    details = second["meta_info"].get("cached_tokens_details") or {}
+    assert int(details.get("storage", 0)) >= len(a) - 2 * PAGE, details
+    assert np.allclose(logprobs(second), logprobs(reference["second"]), atol=1e-4)
+
+
+def test_failure_injector_keeps_answers_correct(model, tmp_path, reference):
+    store = tmp_path / "store"
+    env = {"SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE": "0.3",
+           "SGLANG_TEST_HICACHE_BACKEND_RANDOM_DELAY": "0.05"}
+    with ServerProcess(cpu_server_args(model, str(store), PAGE), env=env,
+                       log_path=str(tmp_path / "s.log")) as s:
+        for _ in range(4):
+            got = generate(s, reference["a"], 16)
+            assert np.allclose(logprobs(got), logprobs(reference["first"]), atol=1e-4)
+            time.sleep(1)
+            flush(s)
+        got = generate(s, reference["turn2"], 8)
+        assert np.allclose(logprobs(got), logprobs(reference["second"]), atol=1e-4)
+    assert "HiCacheStorageFailureInjector" in (tmp_path / "s.log").read_text()
+
+
+def test_bench_serving_mooncake_slice_reports_storage_hits(model, tmp_path):
+    from sglang_flatcake.sglang.trace_slice import SLICE
+    out = tmp_path / "bench.jsonl"
+    args = cpu_server_args(model, str(tmp_path / "store"), PAGE, max_total_tokens=4096,
+                           hicache_ratio=1.5)   # memory smaller than the working set
+    with ServerProcess(args, log_path=str(tmp_path / "s.log")) as s:
+        r = subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
+                            "--host", "127.0.0.1", "--port", str(s.port),
+                            "--dataset-name", "mooncake", "--dataset-path", str(SLICE),
+                            "--tokenizer", model, "--model", model,
+                            "--mooncake-slowdown-factor", "0.05", "--cache-report",
+                            "--output-file", str(out)],
+                           capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text().strip().splitlines()[-1])
+    assert res["completed"] == sum(1 for _ in open(SLICE))
+    cache = res["cache_report"]
+    assert cache["storage_backend"] == "FlatCakeStorage"
+    assert (cache["storage_cached_tokens"] or 0) > 0
