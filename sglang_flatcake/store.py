@@ -50,7 +50,8 @@ log = logging.getLogger("sglang_flatcake")
 
 COUNTERS = ("ssd_blocks_written", "ssd_bytes_written", "memory_blocks_written", "writes_not_stored",
             "read_commands", "bytes_read", "bytes_wanted", "bytes_gap", "memory_blocks_read",
-            "ssd_blocks_read", "checksum_failures", "read_errors", "reclaimed_sessions")
+            "ssd_blocks_read", "checksum_failures", "read_errors", "reclaimed_sessions",
+            "promoted_blocks")
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ class Lineage:
 @dataclass
 class _Resolved:
     n: int                                   # leading run found in the index
+    digests: np.ndarray | None = None
     memory: list[tuple[int, int]] = field(default_factory=list)   # (dest, slot)
+    ssd: list[tuple[int, int, int]] = field(default_factory=list)  # (dest, session, position)
     reads: list[SegmentRead] = field(default_factory=list)
     sessions: set[int] = field(default_factory=set)
 
@@ -404,7 +407,7 @@ class FlatCakeStore:
             a, found = self.index.lookup_digests(dig)
             miss = np.nonzero(~found)[0]
             n = int(miss[0]) if len(miss) else len(keys)
-            res = _Resolved(n)
+            res = _Resolved(n, dig)
             groups: dict[tuple[int, int], tuple[Segment, list[int], list[int]]] = {}
             blb = self.layout.block_layer_bytes
             for i in range(n):
@@ -421,6 +424,7 @@ class FlatCakeStore:
                 g[1].append(idx)
                 g[2].append(i)
                 res.sessions.add(sid)
+                res.ssd.append((i, sid, seg.first_pos + idx))
             for (sid, _), (seg, idx, dest) in groups.items():
                 ix = np.asarray(idx, np.int64)
                 res.reads.append(SegmentRead(self.ssd.path(sid), seg.offset, seg.geometry, ix,
@@ -474,10 +478,11 @@ class FlatCakeStore:
                 log.warning("flatcake: read failed, served as a miss: %s", e)
                 self.counters["read_errors"] += 1
                 return GetResult(0, 0, 0, plan.read_commands, plan.bytes_read, plan.bytes_wanted, 0)
+            badi = np.nonzero(bad)[0]
+            hits = int(badi[0]) if len(badi) else res.n
+            self._promote_shared(res, out, hits)
         finally:
             self._unpin(res.sessions)
-        badi = np.nonzero(bad)[0]
-        hits = int(badi[0]) if len(badi) else res.n
         mem_hits = sum(1 for d, _ in res.memory if d < hits)
         c = self.counters
         c["read_commands"] += plan.read_commands
@@ -489,6 +494,45 @@ class FlatCakeStore:
         c["ssd_blocks_read"] += hits - mem_hits
         return GetResult(hits, mem_hits, hits - mem_hits, plan.read_commands, plan.bytes_read,
                          plan.bytes_wanted, int(bad.sum()))
+
+    def _promote_shared(self, res: _Resolved, out: np.ndarray, hits: int) -> None:
+        """Copy SSD blocks that turned out to be a shared prefix into memory.
+
+        A prefix is written once, usually while only one request holds it, so it
+        lands where its first writer's signals sent it.  When a read finds SSD
+        blocks that ``shared_refcount`` or more stored sessions build on (the
+        owner and its branches past that block), the verified bytes just read are
+        copied into the arena and the index points there; the SSD copy stays as
+        the durable one.  The promoted slots belong to the owning session and go
+        with it on reclaim.  Nothing happens when memory is full.
+        """
+        need = self.config.shared_refcount
+        with self._meta:
+            by_session: dict[int, list[tuple[int, int]]] = {}
+            for dest, sid, pos in res.ssd:
+                s = self.sessions.get(sid)
+                if dest >= hits or s is None or not s.children:
+                    continue
+                sharing = 1 + sum(1 for c in s.children
+                                  if c in self.sessions and self.sessions[c].parent_blocks > pos)
+                if sharing >= need:
+                    by_session.setdefault(sid, []).append((dest, pos))
+            for sid, blocks in by_session.items():
+                slots = self.arena.alloc(len(blocks), sid)
+                if slots is None:
+                    return
+                s = self.sessions[sid]
+                dests = [d for d, _ in blocks]
+                self.arena.buf[slots] = out[dests].reshape(len(dests), -1)
+                for slot, (_, pos) in zip(slots, blocks):
+                    s.memory_pos[slot] = pos
+                s.memory_slots.extend(slots)
+                dig = res.digests[dests]
+                s.memory_digests.append(dig)
+                self.index.put_digests(dig, np.array(
+                    [addr.encode(Medium.MEMORY, self.config.node_id, slot * self.layout.block_bytes)
+                     for slot in slots], dtype=np.uint64))
+                self.counters["promoted_blocks"] += len(slots)
 
     # ------------------------------------------------------------------ reclaim
     def _usage(self, medium: Medium) -> list[SessionUsage]:

@@ -279,3 +279,23 @@ def test_full_disk_fails_the_write_and_everything_else_goes_on(small_fs, layout)
         assert g.hits == 4 and np.array_equal(out, blocks_for(layout, ok))
     with FlatCakeStore(small_fs, layout, cfg) as st:
         assert st.exists(ok) == 4
+
+
+def test_a_prefix_that_becomes_shared_is_promoted_to_memory(tmp_path, layout, config):
+    base = chain(6, "shared")
+    b1, b2 = extend(base, 2, "u1"), extend(base, 2, "u2")
+    with FlatCakeStore(tmp_path, layout, config) as st:
+        st.put(base, blocks_for(layout, base), signals=SSD)          # first writer: SSD
+        st.put(b1, blocks_for(layout, b1), prefix_keys=base, signals=SSD)   # continues it
+        g, _ = restore(st, base)
+        assert st.stats()["promoted_blocks"] == 0                    # one user: stays on SSD
+        st.put(b2, blocks_for(layout, b2), prefix_keys=base[:4], signals=SSD)  # a branch at 4
+        g, out = restore(st, base)
+        assert g.hits == 6 and np.array_equal(out, blocks_for(layout, base))
+        media = [a.medium for a in st.locate(base)]
+        assert media == [Medium.MEMORY] * 4 + [Medium.SSD] * 2      # only the shared part
+        assert st.stats()["promoted_blocks"] == 4
+        g, out = restore(st, base[:4] + b2)                           # now served from memory
+        assert g.from_memory == 4 and np.array_equal(out, blocks_for(layout, base[:4] + b2))
+    with FlatCakeStore(tmp_path, layout, config) as st:              # the SSD copy is durable
+        assert [a.medium for a in st.locate(base)] == [Medium.SSD] * 6
