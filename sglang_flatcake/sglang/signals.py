@@ -21,9 +21,8 @@ write-through tree a reply's pages are written as their own operation when the
 request finishes, just before the next turn's prompt).
 
 A prefix that only becomes popular after its first write is handled by
-promotion: when a later write finds a stored page with a reference count at or
-over the threshold, ``record`` marks it and the backend copies those blocks
-into memory (``FlatCakeStore.promote``).
+promotion in the store: a read that finds SSD blocks which ``shared_refcount``
+stored sessions build on copies them into memory (``FlatCakeStore.get``).
 """
 
 from __future__ import annotations
