@@ -495,6 +495,17 @@ class FlatCakeStore:
         return GetResult(hits, mem_hits, hits - mem_hits, plan.read_commands, plan.bytes_read,
                          plan.bytes_wanted, int(bad.sum()))
 
+    def restore_to_slots(self, keys: Sequence[str], dest_k, dest_v, slot_indices, window=None,
+                         order: str = "layer"):
+        """Restore straight into paged KV slots through the two-layer window (no staging).
+
+        ``dest_k``/``dest_v`` are per-layer device (or CPU) buffers shaped like SGLang's
+        pools; see ``window.restore_through_window`` for the contract.
+        """
+        from .window import restore_through_window
+        return restore_through_window(self, keys, dest_k, dest_v, slot_indices, window=window,
+                                      order=order)
+
     def _promote_shared(self, res: _Resolved, out: np.ndarray, hits: int) -> None:
         """Copy SSD blocks that turned out to be a shared prefix into memory.
 

@@ -1,0 +1,477 @@
+"""The layer window: read layer l+1 while layer l is scattered into paged KV slots.
+
+``LayerWindow`` owns ``depth`` buffers of ``layer_capacity_bytes`` each, from
+``engine.alloc``: device memory with the kvikio engine, aligned host memory
+with the POSIX engine.  ``restore(plan, scatter_fn)`` walks the plan's layers
+in order.  Each layer's commands (``plan.commands_for_layer(l)``) become one or
+more *fills*: consecutive commands packed into one buffer; a command longer
+than a buffer is split between pieces (never inside one).  Fills are read
+``depth`` ahead; when every buffer is busy the next read waits until the
+scatters out of the oldest buffer have ended.  Nothing is cancelled: after an
+error every read and scatter in flight is still waited for before ``restore``
+raises, so no buffer is touched after it returns.  ``order="file"`` packs the
+commands in file order instead (a restore nothing consumes layer by layer).
+
+Each command is checked and scattered as soon as it lands, so the scatter of a
+layer overlaps its own later reads as well as the next layer's.  Buffer
+ownership: the window's; lent to the engine from ``submit`` until the
+command's handle is waited for, then to ``scatter_fn`` until it returns (host),
+until its job ends (``workers``), or until the event it returns has completed
+(device).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .io.base import IOEngine, ReadCommand
+from .layout import align_down, align_up
+from .planner import ReadPlan
+
+ScatterFn = Callable[[int, object, np.ndarray, np.ndarray], object]
+"""``scatter_fn(layer, window, src_offsets, dest_blocks) -> None | event``: copy every
+piece (byte offset ``src_offsets[i]`` of ``window``) into request block ``dest_blocks[i]``
+of ``layer``; an event return (``.synchronize()``) means the copy may still be running."""
+
+WAIT_THRESHOLD_S = 20e-6   # a read wait longer than this counts in ``read_waits``
+
+
+@dataclass(frozen=True)
+class Fill:
+    """One buffer's worth of reads: commands at window offsets, and their pieces."""
+
+    layers: tuple[int, ...]           # layer of each command (all one layer in layer order)
+    commands: tuple[ReadCommand, ...]
+    offsets: tuple[int, ...]          # window byte offset of each command
+    piece_src: np.ndarray             # window byte offset of each piece
+    piece_dest: np.ndarray            # request block of each piece
+    piece_checksum: np.ndarray
+    bounds: tuple[int, ...]           # pieces of command i are [bounds[i], bounds[i + 1])
+    nbytes: int                       # window bytes used
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    layer: int
+    fills: int                        # fills holding commands of this layer
+    commands: int
+    bytes: int
+    read_wait_s: float                # time the pipeline blocked on this layer's reads
+    scatter_s: float                  # host time in scatter_fn (launch time on a device)
+
+
+@dataclass(frozen=True)
+class RestoreStats:
+    layers: int
+    fills: int
+    commands: int                     # read commands issued (after splitting)
+    bytes_read: int
+    pieces: int
+    read_waits: int                   # commands not landed when the pipeline wanted them
+    read_wait_s: float
+    buffer_waits: int                 # reads that waited for a scatter to free a buffer
+    buffer_wait_s: float
+    scatter_s: float
+    total_s: float
+    verified: bool
+    corrupt: tuple[int, ...]          # request blocks whose checksum failed (not scattered)
+    per_layer: tuple[LayerTiming, ...]
+
+    @property
+    def gib_s(self) -> float:
+        return self.bytes_read / self.total_s / (1 << 30) if self.total_s > 0 else 0.0
+
+
+def plan_fills(plan: ReadPlan, capacity: int, alignment: int, order: str = "layer") -> list[Fill]:
+    """Pack the plan's commands into fills of at most ``capacity`` bytes.
+
+    ``order="layer"``: layer by layer, a fill never mixing layers (what a layer-wise
+    consumer needs).  ``order="file"``: the plan's (file, offset) order, a fill mixing
+    layers; for restores nothing reads before they end (sequential reads on the disk).
+    Raises ``ValueError`` for a plan whose commands span layers (``split_layers=False``),
+    an unknown order, or a capacity that cannot hold one piece.
+    """
+    if len(plan.command_layer) and int(plan.command_layer.min()) < 0:
+        raise ValueError("plan has commands spanning layers; plan it with split_layers=True")
+    if order not in ("layer", "file"):
+        raise ValueError(f"order={order!r} is not allowed: layer or file")
+    pb = plan.piece_bytes
+    by_cmd = np.lexsort((plan.piece_offset, plan.piece_cmd))
+    starts = np.searchsorted(plan.piece_cmd[by_cmd], np.arange(len(plan.commands) + 1))
+    groups = ([plan.commands_for_layer(int(lay)) for lay in np.unique(plan.command_layer)]
+              if order == "layer" else [np.arange(len(plan.commands))])
+    fills: list[Fill] = []
+    for group in groups:
+        cur: list = []                 # (command, window offset, piece ids, local offsets, layer)
+        used = 0
+
+        def close():
+            nonlocal cur, used
+            if cur:
+                ids = np.concatenate([c[2] for c in cur])
+                src = np.concatenate([c[3] + c[1] for c in cur])
+                bounds = tuple(np.cumsum([0] + [len(c[2]) for c in cur]).tolist())
+                fills.append(Fill(tuple(c[4] for c in cur), tuple(c[0] for c in cur),
+                                  tuple(c[1] for c in cur), src, plan.piece_dest[ids],
+                                  plan.piece_checksum[ids], bounds, used))
+            cur, used = [], 0
+
+        for ci in group:
+            layer = int(plan.command_layer[ci])
+            ids = by_cmd[starts[ci]:starts[ci + 1]]
+            for sub, sub_ids, local in _split(plan.commands[ci], ids, plan.piece_offset[ids],
+                                              pb, capacity, alignment):
+                off = align_up(used, alignment)
+                if off + sub.length > capacity:
+                    close()
+                    off = 0
+                cur.append((sub, off, sub_ids, local, layer))
+                used = off + sub.length
+        close()
+    return fills
+
+
+def _split(cmd: ReadCommand, ids: np.ndarray, offs: np.ndarray, pb: int, capacity: int,
+           a: int):
+    """Cut a command into aligned sub-commands of at most ``capacity`` bytes, between pieces."""
+    if cmd.length <= capacity:
+        return [(cmd, ids, offs)]
+    out, i, k = [], 0, len(ids)
+    while i < k:
+        start = align_down(int(offs[i]), a)
+        j = i
+        while j < k and align_up(int(offs[j]) + pb, a) - start <= capacity:
+            j += 1
+        if j == i:
+            raise ValueError(f"window buffers of {capacity} bytes cannot hold one piece of {pb} "
+                             f"bytes at alignment {a}; use at least {align_up(pb, a) + a}")
+        end = min(align_up(int(offs[j - 1]) + pb, a), cmd.length)
+        out.append((ReadCommand(cmd.path, cmd.offset + start, end - start), ids[i:j],
+                    offs[i:j] - start))
+        i = j
+    return out
+
+
+class LayerWindow:
+    def __init__(self, engine: IOEngine, layer_capacity_bytes: int, depth: int = 2,
+                 device: str = "cpu", workers: int = 0) -> None:
+        """Allocate ``depth`` buffers; ``device`` must match what ``engine.alloc`` returns.
+
+        ``workers`` > 0 (host windows only) runs each landed command's checksum and
+        scatter as one job on that many threads (xxhash and the numba twin release the
+        GIL), so several commands are checked and copied at once while their bytes are
+        still in cache.  Host buffers are touched here, so no restore page-faults on them.
+        """
+        if depth < 2:
+            raise ValueError(f"depth={depth!r} is not allowed: expected >= 2 (a double buffer)")
+        if layer_capacity_bytes <= 0:
+            raise ValueError(f"layer_capacity_bytes={layer_capacity_bytes!r}: expected > 0")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r} is not allowed: cpu or cuda")
+        if workers < 0 or (workers and device != "cpu"):
+            raise ValueError(f"workers={workers!r} is not allowed: >= 0, and 0 on a device")
+        self.engine, self.device, self.depth = engine, device, depth
+        self.capacity = align_up(layer_capacity_bytes, engine.alignment)
+        self.buffers = [engine.alloc(self.capacity) for _ in range(depth)]
+        on_device = hasattr(self.buffers[0], "__cuda_array_interface__")
+        if on_device != (device == "cuda"):
+            raise ValueError(f"engine {engine.name!r} allocates {'device' if on_device else 'host'} "
+                             f"buffers but device={device!r} (cuda needs the kvikio engine)")
+        if not on_device:
+            for b in self.buffers:
+                b[:] = 0
+        self.pool = ThreadPoolExecutor(workers, "flatcake-scatter") if workers else None
+
+    def close(self) -> None:
+        """Stop the worker threads (the buffers go with the window)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+    def restore(self, plan: ReadPlan, scatter_fn: ScatterFn, verify: bool = False,
+                order: str = "layer") -> RestoreStats:
+        """Read ``plan`` through the window, scattering each command as it lands.
+
+        ``order`` (see ``plan_fills``): "layer" reads layer by layer, layer l+1 while
+        layer l is scattered; "file" reads in file order (faster on a disk, for
+        restores that nothing consumes layer by layer).
+
+        With ``verify`` every piece's xxh3-64 is checked before its scatter (host
+        windows only; ``ValueError`` on a device); a piece that fails is not
+        scattered and its block is listed in ``corrupt``.  An I/O error or an
+        exception from ``scatter_fn`` propagates after all reads and scatters end.
+        """
+        if verify and self.device != "cpu":
+            raise ValueError("checksum verification needs a host window (device='cpu')")
+        fills = plan_fills(plan, self.capacity, self.engine.alignment, order)
+        t_start = time.perf_counter()
+        inflight: deque = deque()                      # (fill index, buffer, handles)
+        events: list = [None] * self.depth
+        acc = {"rw": 0, "rws": 0.0, "bw": 0, "bws": 0.0, "sc": 0.0}
+        per_layer = {lay: [0, 0, 0, 0.0, 0.0] for f in fills for lay in f.layers}
+        corrupt: list[np.ndarray] = []
+        lock = threading.Lock()
+
+        def land(f: Fill, buf, i: int):
+            """Check and scatter the pieces of command ``i`` of fill ``f`` (any thread)."""
+            sel = slice(f.bounds[i], f.bounds[i + 1])
+            src, dest = f.piece_src[sel], f.piece_dest[sel]
+            if verify:
+                ok = _verify(buf, src, f.piece_checksum[sel], plan.piece_bytes)
+                if not ok.all():
+                    corrupt.append(dest[~ok])
+                    src, dest = src[ok], dest[ok]
+            t = time.perf_counter()
+            ev = scatter_fn(f.layers[i], buf[:f.nbytes], src, dest)
+            dt = time.perf_counter() - t
+            with lock:
+                per_layer[f.layers[i]][4] += dt
+                acc["sc"] += dt
+            return ev
+
+        def issue(k: int, b: int) -> None:
+            ev = events[b]
+            if ev is not None:                     # the scatters that used buffer b must end
+                t = time.perf_counter()
+                if _done(ev) is not True:
+                    acc["bw"] += 1
+                ev.synchronize()
+                acc["bws"] += time.perf_counter() - t
+                events[b] = None
+            f, buf = fills[k], self.buffers[b]
+            targets = [buf[o:o + c.length] for c, o in zip(f.commands, f.offsets)]
+            inflight.append((k, b, self.engine.submit(f.commands, targets)))
+
+        pending: deque = deque()        # (fill, buffer): fills waiting for their buffer
+
+        def pump(block: bool) -> None:
+            """Issue waiting fills whose buffer is free; with ``block``, wait for the first.
+            An event that cannot be polled (no ``done``) is waited for at once."""
+            while pending:
+                k, b = pending[0]
+                if not block and events[b] is not None and _done(events[b]) is False:
+                    return
+                pending.popleft()
+                issue(k, b)
+                block = False
+
+        cur: list = []          # the fill being landed: handles not yet waited for, events
+        try:
+            for k in range(min(self.depth, len(fills))):
+                issue(k, k)
+            while inflight or pending:
+                if not inflight:
+                    pump(block=True)
+                    continue
+                k, b, handles = inflight.popleft()
+                f, buf = fills[k], self.buffers[b]
+                cur = [list(handles), []]
+                for i in range(len(handles)):
+                    pump(block=False)
+                    t = time.perf_counter()
+                    cur[0].pop(0).wait()
+                    waited = time.perf_counter() - t
+                    acc["rw"] += waited > WAIT_THRESHOLD_S
+                    acc["rws"] += waited
+                    lt = per_layer[f.layers[i]]
+                    lt[1] += 1
+                    lt[2] += f.commands[i].length
+                    lt[3] += waited
+                    ev = (_Done(self.pool.submit(land, f, buf, i)) if self.pool is not None
+                          else land(f, buf, i))
+                    if ev is not None:
+                        cur[1].append(ev)
+                events[b] = _Events(cur[1]) if cur[1] else None
+                cur = []
+                for lay in set(f.layers):
+                    per_layer[lay][0] += 1
+                if k + self.depth < len(fills):
+                    pending.append((k + self.depth, b))
+                pump(block=False)
+            for b, ev in enumerate(events):
+                if ev is not None:
+                    events[b] = None
+                    ev.synchronize()
+        except BaseException:
+            # never leave a read or a scatter running on our buffers; the first error is raised
+            for handles in ([cur[0]] if cur else []) + [h for _, _, h in inflight]:
+                try:
+                    _wait_all(handles)
+                except Exception:
+                    pass
+            for ev in (cur[1] if cur else []) + [e for e in events if e is not None]:
+                try:
+                    ev.synchronize()
+                except Exception:
+                    pass
+            raise
+        return RestoreStats(
+            layers=len(per_layer), fills=len(fills), commands=sum(len(f.commands) for f in fills),
+            bytes_read=sum(c.length for f in fills for c in f.commands),
+            pieces=sum(len(f.piece_src) for f in fills), read_waits=acc["rw"],
+            read_wait_s=acc["rws"], buffer_waits=acc["bw"], buffer_wait_s=acc["bws"],
+            scatter_s=acc["sc"], total_s=time.perf_counter() - t_start, verified=verify,
+            corrupt=tuple(sorted({int(x) for c in corrupt for x in c})),
+            per_layer=tuple(LayerTiming(lay, *v) for lay, v in sorted(per_layer.items())))
+
+
+def _wait_all(handles: Sequence) -> None:
+    """Wait for every handle, then raise the first error (buffers stay ours until all end)."""
+    first = None
+    for h in handles:
+        try:
+            h.wait()
+        except Exception as e:
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def _verify(buf: np.ndarray, src: np.ndarray, sums: np.ndarray, pb: int) -> np.ndarray:
+    import xxhash
+    h = xxhash.xxh3_64_intdigest
+    return np.fromiter((h(buf[o:o + pb]) == int(c) for o, c in zip(src, sums)), dtype=bool,
+                       count=len(src))
+
+
+def _done(ev) -> bool | None:
+    """Whether ``ev`` has completed; ``None`` when it cannot be polled."""
+    d = getattr(ev, "done", None)
+    if d is None:
+        return None
+    r = d() if callable(d) else d                  # futures: a method; cupy events: a property
+    return None if r is None else bool(r)
+
+
+class _Done:
+    """A check-and-scatter job on a worker, as an event: ``synchronize`` waits, re-raises."""
+
+    def __init__(self, future) -> None:
+        self.future = future
+
+    def done(self) -> bool | None:
+        if not self.future.done():
+            return False
+        ev = self.future.result() if self.future.exception() is None else None
+        return True if ev is None else _done(ev)
+
+    def synchronize(self) -> None:
+        ev = self.future.result()        # a job's own event (a device scatter), if any
+        if ev is not None:
+            ev.synchronize()
+
+
+class _Events:
+    """The scatter events of one fill: the buffer is free when all have completed."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def done(self) -> bool | None:
+        states = [_done(e) for e in self.events]
+        return None if None in states else all(states)
+
+    def synchronize(self) -> None:
+        for e in self.events:
+            e.synchronize()
+
+
+# ---------------------------------------------------------------- store -> KV slots
+@dataclass(frozen=True)
+class WindowRestore:
+    """``hits`` leading blocks are in their slots and verified; the rest are misses."""
+
+    hits: int
+    from_memory: int
+    from_ssd: int
+    corrupt: int
+    error: str | None
+    stats: RestoreStats | None
+
+
+def restore_through_window(store, keys: Sequence[str], dest_k, dest_v, slot_indices,
+                           window: LayerWindow | None = None, verify: bool | None = None,
+                           max_window_bytes: int = 256 << 20, workers: int = 2,
+                           order: str = "layer") -> WindowRestore:
+    """Restore the leading stored run of ``keys`` from a ``FlatCakeStore`` into KV slots.
+
+    ``dest_k[l]``/``dest_v[l]`` are layer ``l``'s ``[num_slots, heads, head_dim]`` buffers
+    (SGLang's MHA device pool; ``dest_v=None`` and ``dest_k[l]`` the one buffer for MLA),
+    host memory.  ``slot_indices`` are token slots, ``page_tokens`` per key, each page one
+    contiguous run.  SSD blocks go through ``window`` (default: a new one on
+    ``store.engine``, ``store.config.window_layers`` deep, sized to the largest layer up
+    to ``max_window_bytes``, with ``workers`` scatter threads), in ``order`` (see
+    ``plan_fills``); memory blocks are scattered from the host arena.  Sessions stay pinned until the last copy ends.  Like
+    ``store.get``: a failed checksum makes its block and all after it misses; an I/O
+    error makes the whole call a miss (``error`` says why).
+    """
+    from .errors import IOEngineError
+    from .planner import empty_plan, plan_reads
+    from .scatter import scatter_layer, warm_up
+
+    warm_up()
+    lay = store.layout
+    if (dest_v is None) != (lay.parts == 1):
+        raise ValueError(f"a {lay.kind} layout needs {'no dest_v' if lay.parts == 1 else 'dest_v'}")
+    dests = [dest_k] if dest_v is None else [dest_k, dest_v]
+    for name, d in zip(("dest_k", "dest_v"), dests):
+        if len(d) != lay.layers:
+            raise ValueError(f"{name} has {len(d)} layers; the layout has {lay.layers}")
+    pt = lay.page_tokens
+    slots = np.asarray(slot_indices, dtype=np.int64).reshape(-1)
+    if slots.size != len(keys) * pt:
+        raise ValueError(f"{slots.size} slot indices for {len(keys)} pages of {pt} tokens")
+    pages = slots.reshape(-1, pt)
+    bad = np.nonzero((pages != pages[:, :1] + np.arange(pt)).any(axis=1))[0]
+    if len(bad):
+        raise ValueError(f"page {bad[0]}: slots {pages[bad[0]].tolist()[:8]} are not one "
+                         f"contiguous run of {pt}")
+    first_slot = pages[:, 0]
+    verify = store.config.verify_reads if verify is None else verify
+    res = store._resolve(keys, pin=True)
+    try:
+        if res.memory:
+            d_i, s_i = (np.array(x, np.int64) for x in zip(*res.memory))
+            for layer in range(lay.layers):
+                scatter_layer(store.arena.buf, s_i * lay.block_bytes + layer * lay.block_layer_bytes,
+                              first_slot[d_i], [d[layer] for d in dests], lay)
+        plan = (plan_reads(res.reads, store.config.alignment, store.config.merge_gap_bytes)
+                if res.reads else empty_plan(lay.block_layer_bytes))
+        stats = None
+        if plan.commands:
+            def scatter_fn(layer, buf, src, dest):
+                return scatter_layer(buf, src, first_slot[dest], [d[layer] for d in dests], lay)
+            own = window is None
+            if own:
+                per_layer = np.bincount(plan.command_layer,
+                                        weights=[c.length for c in plan.commands])
+                window = LayerWindow(store.engine, int(min(per_layer.max(), max_window_bytes)),
+                                     store.config.window_layers, workers=workers)
+            try:
+                stats = window.restore(plan, scatter_fn, verify=verify, order=order)
+            except IOEngineError as e:
+                store.counters["read_errors"] += 1
+                return WindowRestore(0, 0, 0, 0, str(e), None)
+            finally:
+                if own:
+                    window.close()
+    finally:
+        store._unpin(res.sessions)
+    corrupt = stats.corrupt if stats else ()
+    hits = min([res.n] + list(corrupt))
+    mem = sum(1 for d, _ in res.memory if d < hits)
+    c = store.counters             # the same counters as ``store.get``
+    c["read_commands"] += plan.read_commands
+    c["bytes_read"] += plan.bytes_read
+    c["bytes_wanted"] += plan.bytes_wanted
+    c["bytes_gap"] += plan.gap_bytes
+    c["checksum_failures"] += len(corrupt)
+    c["memory_blocks_read"] += mem
+    c["ssd_blocks_read"] += hits - mem
+    return WindowRestore(hits, mem, hits - mem, len(corrupt), None, stats)
