@@ -1,4 +1,4 @@
-"""The ``flatcake`` command: ``bench-restore`` and ``inspect``."""
+"""The ``flatcake`` command: demo, replay, bench-restore, inspect, patch."""
 
 from __future__ import annotations
 
@@ -14,21 +14,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    from . import bench_restore
+    from . import bench_restore, demo
+    from .replay import run as replay_run
+
+    d = sub.add_parser("demo", help="a real SGLang server with flatcake replaying a bundled agent "
+                                    "trace through bench_serving (CPU, no download)")
+    demo.add_arguments(d)
+    r = sub.add_parser("replay", help="FlatCake against tiered caches on a real trace, side by side")
+    replay_run.add_arguments(r)
     b = sub.add_parser("bench-restore", help="cold restore of one long session vs the raw disk limit")
     bench_restore.add_arguments(b)
-
     i = sub.add_parser("inspect", help="sessions, segments, bytes per medium, watermark state")
     i.add_argument("dir", help="store directory")
     i.add_argument("--verify", action="store_true",
                    help="re-check every checksum; exit 1 on damage")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.add_argument("--ssd-bytes", help="SSD capacity for the watermark report (e.g. 512GiB)")
+    pa = sub.add_parser("patch", help="check the installed SGLang (0.5.23) and apply or verify patches/")
+    pa.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
 
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.cmd == "demo":
+            return demo.run(args)
+        if args.cmd == "replay":
+            return replay_run.run(args)
         if args.cmd == "bench-restore":
             bench_restore.run(args)
             return 0
@@ -37,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             from .config import parse_bytes
             ssd = parse_bytes(args.ssd_bytes, "--ssd-bytes") if args.ssd_bytes else None
             return inspect_store.run(args.dir, args.verify, args.json, ssd)
+        if args.cmd == "patch":
+            from . import patch
+            return patch.run(args.dry_run)
     except FlatCakeError as e:
         print(f"flatcake: error: {e}", file=sys.stderr)
         return 2

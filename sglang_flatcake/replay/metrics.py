@@ -1,0 +1,98 @@
+"""The paper's metrics, per system and rate.
+
+- hit rate delivered: reused blocks in device memory when prefill starts, over
+  blocks requested (every request's ``hash_ids``);
+- hit rate max: the same for an infinite cache that holds every block of every
+  earlier request (nominal arrival order, ties by trace order);
+- read amplification: bytes read from SSD over bytes of SSD blocks delivered
+  (null when nothing was delivered from SSD);
+- read commands: SSD read commands issued (real, at the real layout);
+- prefetch time: arrival to the end of the SSD prefetch, over prefetches that
+  completed (not cancelled); mean and P99;
+- SSD read bandwidth: full-size bytes read / virtual time with a read in flight;
+- prefetch cancelled: prefetches given up (staging full);
+- TTFT: arrival (release) to the end of prefill; mean and P99;
+- throughput: requests / (last first token - first arrival).
+
+Percentiles are nearest-rank: P99 of n values is the ceil(0.99 n)-th smallest.
+Times are full-size virtual seconds (see ``sizes``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from .clock import SharedDisk
+from .sizes import GIB
+from .systems.base import IoCounters, RequestState
+from .traces import Trace
+
+FIELDS = ("system", "rate", "hit_rate_delivered", "hit_rate_max", "read_amplification",
+          "read_commands", "prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s",
+          "prefetch_cancelled", "ttft_s_mean", "ttft_s_p99", "throughput_rps")
+TIMING_FIELDS = ("prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s", "ttft_s_mean",
+                 "ttft_s_p99", "throughput_rps")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in (0, 100]); None for no values."""
+    if not values:
+        return None
+    if not 0 < q <= 100:
+        raise ValueError(f"percentile q must be in (0, 100], got {q}")
+    s = sorted(values)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def infinite_cache_hits(trace: Trace, nominal: Sequence[float]) -> list[int]:
+    """Per request (trace order): leading blocks already seen in an earlier request."""
+    seen: set = set()
+    out = [0] * len(trace.requests)
+    for r in sorted(trace.requests, key=lambda r: (nominal[r.rid], r.rid)):
+        n = 0
+        for h in r.hash_ids:
+            if (r.scope, h) not in seen:
+                break
+            n += 1
+        out[r.rid] = n
+        seen.update((r.scope, h) for h in r.hash_ids)
+    return out
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def summarize(system: str, rate: float, states: Sequence[RequestState], max_hits: Sequence[int],
+              io: IoCounters, disk: SharedDisk) -> dict:
+    """One JSON row with exactly ``FIELDS``."""
+    blocks = sum(len(s.req.hash_ids) for s in states)
+    delivered = sum(s.delivered for s in states)
+    pre = [s.prefetch_end - s.arrival for s in states
+           if s.prefetch_end is not None and not s.cancelled]
+    ttft = [s.first_token - s.arrival for s in states]
+    span = max(s.first_token for s in states) - min(s.arrival for s in states) if states else 0
+    amp = (io.ssd_bytes_read / io.ssd_bytes_delivered) if io.ssd_bytes_delivered else None
+    bw = disk.read_bytes / disk.read_busy_s / GIB if disk.read_busy_s > 0 else None
+    row = {
+        "system": system,
+        "rate": rate,
+        "hit_rate_delivered": _r(delivered / blocks if blocks else 0.0),
+        "hit_rate_max": _r(sum(max_hits) / blocks if blocks else 0.0),
+        "read_amplification": _r(amp, 4),
+        "read_commands": int(io.read_commands),
+        "prefetch_s_mean": _r(mean(pre)),
+        "prefetch_s_p99": _r(percentile(pre, 99)),
+        "ssd_read_gib_s": _r(bw, 4),
+        "prefetch_cancelled": int(io.prefetch_cancelled),
+        "ttft_s_mean": _r(mean(ttft)),
+        "ttft_s_p99": _r(percentile(ttft, 99)),
+        "throughput_rps": _r(len(states) / span if span > 0 else None),
+    }
+    assert tuple(row) == FIELDS
+    return row

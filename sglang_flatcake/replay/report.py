@@ -1,0 +1,71 @@
+"""Outputs of a replay: a table on stdout, a JSON file, and a PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from .metrics import FIELDS
+
+_COLS = (("system", "system", "{}"), ("rate", "rate", "{:g}"),
+         ("hit_rate_delivered", "hit%", "{:.2%}"), ("hit_rate_max", "max%", "{:.2%}"),
+         ("read_amplification", "r.amp", "{:.3f}"), ("read_commands", "reads", "{:d}"),
+         ("prefetch_s_mean", "pf.mean", "{:.3f}"), ("prefetch_s_p99", "pf.p99", "{:.3f}"),
+         ("ssd_read_gib_s", "GiB/s", "{:.2f}"), ("prefetch_cancelled", "cancel", "{:d}"),
+         ("ttft_s_mean", "ttft.mean", "{:.3f}"), ("ttft_s_p99", "ttft.p99", "{:.3f}"),
+         ("throughput_rps", "req/s", "{:.3f}"))
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """Fixed-width table of ``rows`` (``-`` for null); times in seconds."""
+    head = [c[1] for c in _COLS]
+    body = [["-" if r[k] is None else f.format(r[k]) for k, _, f in _COLS] for r in rows]
+    w = [max(len(x) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(c.ljust(w[0]) if i == 0 else c.rjust(w[i])   # noqa: E731
+                                   for i, c in enumerate(cells))
+    return "\n".join([line(head), line(["-" * x for x in w])] + [line(b) for b in body])
+
+
+def write_json(path: str | Path, rows: Sequence[dict], config: dict, details: Sequence[dict]) -> None:
+    """``{"rows": [...], "config": {...}, "details": [...]}``; every row has exactly ``FIELDS``."""
+    for r in rows:
+        if tuple(r) != FIELDS:
+            raise ValueError(f"row fields {tuple(r)} differ from {FIELDS}")
+    Path(path).write_text(json.dumps({"rows": list(rows), "config": config,
+                                      "details": list(details)}, indent=1) + "\n")
+
+
+def plot(path: str | Path, rows: Sequence[dict], title: str) -> None:
+    """Hit rate delivered and P99 TTFT against rate, one line per system (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    marks, styles = "osD^vx*", ("-", "--", "-.", ":")
+    for i, s in enumerate(systems):      # distinct markers and dashes keep equal lines visible
+        rs = sorted((r for r in rows if r["system"] == s), key=lambda r: r["rate"])
+        x = [r["rate"] for r in rs]
+        kw = dict(marker=marks[i % 7], ls=styles[i % 4], ms=8 - i, label=s)
+        a.plot(x, [100 * r["hit_rate_delivered"] for r in rs], **kw)
+        b.plot(x, [r["ttft_s_p99"] for r in rs], **kw)
+    mx = sorted({(r["rate"], r["hit_rate_max"]) for r in rows})
+    a.plot([m[0] for m in mx], [100 * m[1] for m in mx], color="0.4", ls=(0, (1, 1)), lw=1.5,
+           label="max (infinite cache)")
+    a.set(xlabel="request rate (req/s)", ylabel="hit rate delivered (%)",
+          title="prefix blocks in device memory at prefill", ylim=(0, 100))
+    b.set(xlabel="request rate (req/s)", ylabel="P99 TTFT (s)", title="P99 time to first token")
+    if any(r["ttft_s_p99"] and r["ttft_s_p99"] > 0 for r in rows):
+        vals = [r["ttft_s_p99"] for r in rows if r["ttft_s_p99"]]
+        if max(vals) / max(min(vals), 1e-9) > 30:
+            b.set_yscale("log")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.set_xticks(sorted({r["rate"] for r in rows}))
+    a.legend(fontsize=8, loc="best")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,204 @@
+"""The real FlatCake store under replay."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+
+from ...config import FlatCakeConfig
+from ...errors import IOEngineError
+from ...planner import plan_reads
+from ...store import FlatCakeStore
+from .base import DataPool, RequestState, System, SystemContext
+
+
+class _ReplayStore(FlatCakeStore):
+    """``FlatCakeStore`` with one shortcut that changes no decision: ``_maybe_reclaim``
+    returns at once when no medium is past its high watermark (the store builds
+    every session's usage on each write first: O(sessions) per put, which made a
+    12K-request chat trace take ~10 minutes per replay)."""
+
+    def _maybe_reclaim(self, ssd_extra: int = 0) -> list[int]:
+        cfg = self.config
+        try:
+            idle = (self.ssd.used_bytes + ssd_extra <= cfg.high_watermark * cfg.ssd_bytes
+                    and self.arena.used_bytes <= cfg.high_watermark * self.arena.capacity_bytes)
+        except AttributeError:          # the store changed shape: take its own path
+            idle = False
+        return [] if idle else super()._maybe_reclaim(ssd_extra)
+
+
+class _Restore:
+    """A request's pinned view of the store between lookup and the end of its read."""
+
+    def __init__(self, res) -> None:
+        self.res = res                 # store._Resolved: leading run, memory slots, SSD reads
+        self.hits = 0
+        self.from_memory = 0
+
+
+class FlatCake(System):
+    """flatcake: the real ``FlatCakeStore``.
+
+    Rules: each block's home is decided once, when it is written, by the store's
+    placement (``placement.place``) from the trace's signals: turn number in the
+    conversation, the turn's context (its prompt tokens), the previous reply's
+    length, and the block's refcount (conversations with a request in flight or
+    finished in the last ``recent_s`` seconds that contain it).  Memory gets shared
+    prefixes and later turns after short replies while it has room; everything
+    else goes straight to the SSD, each session's blocks in one file, one
+    layer-major segment per write.  Blocks never move.  A request whose reused
+    blocks are all in memory is ready at once; one that needs the SSD waits for
+    one of ``streams`` restore streams (FCFS for now), then reads its history with
+    merged, layer-split commands straight into place (no staging buffer, so
+    nothing is ever cancelled).  Full media reclaim whole sessions, least recently
+    used first, never one that a request is reading.
+    """
+
+    name = "flatcake"
+    wants_refcounts = True
+
+    def open(self, ctx: SystemContext) -> None:
+        super().open(ctx)
+        s = ctx.sizing
+        extent = max(4096, int((4 << 20) * s.scale) // 4096 * 4096)   # the store's 4 MiB, scaled
+        self.config = FlatCakeConfig(memory_bytes=ctx.memory_bytes, ssd_bytes=ctx.ssd_bytes,
+                                     extent_bytes=extent, io_threads=ctx.io_threads,
+                                     durable=False, verify_reads=True)
+        self.store = _ReplayStore(ctx.root / "store", s.layout, self.config)
+        # size constants of the store scale with the bytes, like the budgets (see sizes)
+        if hasattr(self.store.ssd, "max_step_bytes"):
+            self.store.ssd.max_step_bytes = max(extent, int((256 << 20) * s.scale) // 4096 * 4096)
+        self.restore_slots = ctx.streams
+        self.pool = DataPool(s.block_bytes, ctx.seed)
+        self._threads = ThreadPoolExecutor(max_workers=ctx.streams,
+                                           thread_name_prefix="replay-restore")
+        st = self.store
+        self._read_into = (getattr(getattr(st, "reader", None), "read_into", None)
+                           or getattr(st, "_execute", None))
+        self._split = hasattr(st, "_resolve") and hasattr(st, "_unpin") and self._read_into is not None
+        if not self._split:   # public API only: pins then follow the read threads' timing
+            self.io.extra["note"] = "store lacks _resolve/_unpin/reader.read_into: used get()"
+
+    # -- read path ---------------------------------------------------------
+    def lookup(self, rs: RequestState) -> None:
+        st = self.store
+        if self._split:
+            r = _Restore(st._resolve(rs.keys, pin=True))
+            rs.n_found = r.res.n
+            rs.needs_restore = bool(r.res.reads)
+        else:
+            r = _Restore(None)
+            locs = st.locate(rs.keys[:st.exists(rs.keys)])
+            rs.n_found = len(locs)
+            rs.needs_restore = any(a.medium != 0 for a in locs)
+        rs.sys = r
+        if not rs.needs_restore:      # all in memory: copy now, ready at once
+            self._read_now(rs, r)
+
+    def _read_now(self, rs: RequestState, r: _Restore) -> None:
+        n = rs.n_found
+        if n == 0:
+            if self._split:
+                self.store._unpin(r.res.sessions)
+            return
+        out = self.store.alloc_blocks(n)
+        if self._split:
+            for dest, slot in r.res.memory:
+                out[dest] = self.store.arena.buf[slot].reshape(out.shape[1], -1)
+            self.store._unpin(r.res.sessions)
+            r.hits = r.from_memory = n
+        else:
+            g = self.store.get(rs.keys[:n], out)
+            r.hits, r.from_memory = g.hits, g.from_memory
+
+    def start_restore(self, rs: RequestState, done: Callable[[RequestState], None]) -> None:
+        rs.prefetch_start = self.ctx.loop.now
+        r: _Restore = rs.sys
+        st, cfg, n = self.store, self.config, rs.n_found
+        out = st.alloc_blocks(n)
+        if self._split:
+            plan = plan_reads(r.res.reads, cfg.alignment, cfg.merge_gap_bytes)
+            bad = np.zeros(n, dtype=bool)
+            fut = self._threads.submit(self._execute, r, plan, out, bad)
+            nbytes, cmds = plan.bytes_read, plan.read_commands
+        else:
+            plan = st.plan(rs.keys[:n])
+            fut = self._threads.submit(st.get, rs.keys[:n], out)
+            nbytes, cmds = plan.bytes_read, plan.read_commands
+        self.io.ssd_bytes_read += nbytes
+        self.io.read_commands += cmds
+        # a layer-split command at real size stands for layer_factor commands at full size
+        full_cmds = cmds * self.ctx.sizing.layer_factor
+        self.submit_read(nbytes, full_cmds, lambda: self._join(rs, fut),
+                         lambda: self._restored(rs, done))
+
+    def _execute(self, r: _Restore, plan, out: np.ndarray, bad: np.ndarray) -> tuple[int, int]:
+        """Runs on a restore thread: memory copies and the SSD reads of one request."""
+        st = self.store
+        for dest, slot in r.res.memory:
+            out[dest] = st.arena.buf[slot].reshape(out.shape[1], -1)
+        try:
+            if self._read_into is getattr(st, "_execute", None):
+                st._execute(plan, out, bad)
+            else:
+                self._read_into(plan, out, bad, self.config.verify_reads)
+        except IOEngineError:
+            return 0, 0
+        badi = np.nonzero(bad)[0]
+        hits = int(badi[0]) if len(badi) else r.res.n
+        return hits, sum(1 for d, _ in r.res.memory if d < hits)
+
+    def _join(self, rs: RequestState, fut) -> None:
+        r: _Restore = rs.sys
+        got = fut.result()
+        if self._split:
+            r.hits, r.from_memory = got
+            self.store._unpin(r.res.sessions)
+        else:
+            r.hits, r.from_memory = got.hits, got.from_memory
+
+    def _restored(self, rs: RequestState, done: Callable[[RequestState], None]) -> None:
+        rs.prefetch_end = self.ctx.loop.now
+        done(rs)
+
+    def begin_prefill(self, rs: RequestState) -> None:
+        r: _Restore = rs.sys
+        rs.delivered = r.hits
+        rs.delivered_ssd = r.hits - r.from_memory
+        self.io.ssd_bytes_delivered += rs.delivered_ssd * self.ctx.sizing.block_bytes
+        # SSD blocks go straight to the device; only memory hits cross from the host
+        rs.h2d_full_bytes = r.from_memory * self.ctx.sizing.full_block_bytes
+
+    # -- write path --------------------------------------------------------
+    def write(self, rs: RequestState, signals) -> None:
+        st = self.store
+        n0 = st.exists(rs.keys)
+        k = len(rs.keys) - n0
+        if k <= 0:
+            return
+        before = st.engine.stats()
+        sig = signals.from_block(n0) if signals is not None else None
+        res = st.put(rs.keys[n0:], self.pool.blocks(k), prefix_keys=rs.keys[:n0], signals=sig)
+        after = st.engine.stats()
+        nbytes = after["bytes_written"] - before["bytes_written"]
+        cmds = after["write_ops"] - before["write_ops"]
+        self.io.ssd_bytes_written += nbytes
+        self.io.write_commands += cmds
+        self.io.extra["put_failed_blocks"] = self.io.extra.get("put_failed_blocks", 0) + res.failed
+        self.submit_write(nbytes, cmds)
+
+    def stats(self) -> dict:
+        s = self.store.stats()
+        keep = ("sessions", "blocks_memory", "blocks_ssd", "reclaimed_sessions", "ssd_usage",
+                "memory_usage", "checksum_failures", "read_errors")
+        out = {k: s.get(k) for k in keep}
+        out.update({k: v for k, v in s.items() if k.startswith("placement_")})
+        out.update(self.io.extra)
+        return out
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+        self.store.close()
