@@ -187,17 +187,21 @@ def block_checksums(layer_sections: np.ndarray) -> np.ndarray:
 
 # -- manifests -------------------------------------------------------------------
 
-def atomic_write_json(path: Path, obj: dict) -> None:
-    """Write ``obj`` to ``path`` so that a crash leaves the old file or the new one."""
+def atomic_write_json(path: Path, obj: dict, fsync: bool = True) -> None:
+    """Write ``obj`` to ``path`` so that a crash leaves the old file or the new one
+    (durable across power loss only with ``fsync``)."""
     tmp = path.with_name(path.name + ".tmp")
     data = json.dumps(obj, indent=1, sort_keys=True).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    if not fsync:
+        return
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)

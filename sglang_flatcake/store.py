@@ -240,11 +240,11 @@ class FlatCakeStore:
                 return self._put_new(sess, dig[new], blocks[new], [sigs[i] for i in new],
                                      existing=n - len(new))
             finally:
+                self._maybe_reclaim()          # while the writer still pins its own session
                 with self._meta:
                     sess.readers -= 1
                     if sess.n_blocks == 0 and sess.readers == 0:
                         self._drop_session(sess)   # nothing stored: leave no trace
-                self._maybe_reclaim()
 
     def _session_for(self, anchor: np.ndarray | None, label: str) -> Session:
         """Session that a write after ``anchor`` belongs to (created if needed)."""
@@ -298,7 +298,7 @@ class FlatCakeStore:
         if ssd_idx and not s.durable:     # a memory-only session needs nothing on disk
             atomic_write_json(self.ssd.manifest_path(s.sid), {
                 "session": s.sid, "parent": s.parent, "parent_blocks": s.parent_blocks,
-                "created": s.created, "label": s.label})
+                "created": s.created, "label": s.label}, fsync=self.config.durable)
             s.durable = True
         mem_idx = [i for i, p in enumerate(placements) if p.medium == Medium.MEMORY]
         keep = n  # blocks [0, keep) are stored; a failure truncates the batch there
@@ -561,6 +561,10 @@ class FlatCakeStore:
         would be) past its high watermark."""
         freed: list[int] = []
         cfg = self.config
+        ssd_hot = self.ssd.used_bytes + ssd_extra > cfg.high_watermark * cfg.ssd_bytes
+        mem_hot = self.arena.used_bytes > cfg.high_watermark * self.arena.capacity_bytes
+        if not (ssd_hot or mem_hot):
+            return freed            # the common case: nothing to look at
         with self._meta:
             for medium, used, cap in ((Medium.SSD, self.ssd.used_bytes + ssd_extra, cfg.ssd_bytes),
                                       (Medium.MEMORY, self.arena.used_bytes,

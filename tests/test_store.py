@@ -299,3 +299,16 @@ def test_a_prefix_that_becomes_shared_is_promoted_to_memory(tmp_path, layout, co
         assert g.from_memory == 4 and np.array_equal(out, blocks_for(layout, base[:4] + b2))
     with FlatCakeStore(tmp_path, layout, config) as st:              # the SSD copy is durable
         assert [a.medium for a in st.locate(base)] == [Medium.SSD] * 6
+
+
+def test_memory_pressure_never_reclaims_the_session_just_written(tmp_path, layout):
+    cfg = FlatCakeConfig(memory_bytes=10 * layout.block_bytes, ssd_bytes=64 << 20,
+                         extent_bytes=1 << 20)
+    turn0 = chain(20, "mp")
+    turn1 = extend(turn0, 10, "mp1")
+    with FlatCakeStore(tmp_path, layout, cfg) as st:
+        st.put(turn0, blocks_for(layout, turn0), signals=SSD)
+        r = st.put(turn1, blocks_for(layout, turn1), prefix_keys=turn0, signals=MEM)
+        assert r.stored == 10 and st.stats()["memory_usage"] == 1.0
+        assert st.exists(turn0 + turn1) == 30, "the writer's own session must survive"
+        assert st.stats()["reclaimed_sessions"] == 0

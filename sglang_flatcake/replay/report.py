@@ -52,8 +52,8 @@ def plot(path: str | Path, rows: Sequence[dict], title: str) -> None:
         a.plot(x, [100 * r["hit_rate_delivered"] for r in rs], **kw)
         b.plot(x, [r["ttft_s_p99"] for r in rs], **kw)
     mx = sorted({(r["rate"], r["hit_rate_max"]) for r in rows})
-    a.plot([m[0] for m in mx], [100 * m[1] for m in mx], color="0.4", ls=(0, (1, 1)), lw=1.5,
-           label="max (infinite cache)")
+    a.plot([m[0] for m in mx], [100 * m[1] for m in mx], color="k", ls=(0, (1, 1.5)), lw=1.5,
+           zorder=5, label="max (infinite cache)")
     a.set(xlabel="request rate (req/s)", ylabel="hit rate delivered (%)",
           title="prefix blocks in device memory at prefill", ylim=(0, 100))
     b.set(xlabel="request rate (req/s)", ylabel="P99 TTFT (s)", title="P99 time to first token")
