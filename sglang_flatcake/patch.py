@@ -24,6 +24,8 @@ HOOK_TARGETS = (
     "sglang.srt.managers.cache_controller.HiCacheController.attach_storage_backend",
     "sglang.srt.managers.cache_controller.HiCacheController._page_backup",
     "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.write_backup_storage",
+    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._execute_and_commit_kv_backup",
+    "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController.write_storage",
     "sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__",
     "sglang.srt.arg_groups.hicache_hook.resolve_layout_io_compatibility",
 )

@@ -114,6 +114,7 @@ class FlatCakeStore:
         self._meta = threading.RLock()
         self._write_lock = threading.Lock()
         self._next_sid = 1
+        self._by_label: dict[str, int] = {}     # client session id -> its latest session
         self.counters: Counter = Counter()
         self.recovery_report: dict = {}
         self.reader = VectoredReader(self.engine, self.config.merge_gap_bytes)
@@ -171,6 +172,8 @@ class FlatCakeStore:
                     self.ssd.release(s.sid)
                 continue
             self.sessions[s.sid] = s
+            if s.label:
+                self._by_label[s.label] = s.sid
             self.ssd.adopt(s.sid, torn[s.sid][1])
             for seg in s.segments:
                 self._index_segment(s, seg)
@@ -249,19 +252,29 @@ class FlatCakeStore:
     def _session_for(self, anchor: np.ndarray | None, label: str) -> Session:
         """Session that a write after ``anchor`` belongs to (created if needed)."""
         parent, parent_blocks = None, 0
+        found = False
         if anchor is not None:
             a, ok = self.index.lookup_digests(np.asarray(anchor, np.uint64).reshape(1, 2))
             if ok[0]:
+                found = True
                 owner, pos = self._owner_and_position(int(a[0]))
                 s = self.sessions.get(owner)
                 if s is not None and s.tail == (int(anchor[0]), int(anchor[1])):
                     return s
                 if s is not None:
                     parent, parent_blocks = s.sid, pos + 1
+        if label and not found and label in self._by_label:
+            # the client names the session but its chain's prefix is not stored here (never
+            # written, or lost with memory): keep the client's session in its own file
+            s = self.sessions.get(self._by_label[label])
+            if s is not None:
+                return s
         now = time.time()
         s = Session(self._next_sid, parent, parent_blocks, now, now, label)
         self._next_sid += 1
         self.sessions[s.sid] = s
+        if label:
+            self._by_label[label] = s.sid
         if parent is not None:
             self.sessions[parent].children.add(s.sid)
         return s
@@ -592,6 +605,8 @@ class FlatCakeStore:
         if s.memory_slots:
             self.arena.free(s.memory_slots)
         self.sessions.pop(s.sid, None)
+        if s.label and self._by_label.get(s.label) == s.sid:
+            del self._by_label[s.label]
         if s.parent in self.sessions:
             self.sessions[s.parent].children.discard(s.sid)
         self.ssd.release(s.sid)

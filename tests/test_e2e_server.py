@@ -189,3 +189,19 @@ def test_bench_serving_mooncake_slice_reports_storage_hits(model, tmp_path):
     cache = res["cache_report"]
     assert cache["storage_backend"] == "FlatCakeStorage"
     assert (cache["storage_cached_tokens"] or 0) > 0
+
+
+def test_serving_sweep_runs_at_tiny_scale(tmp_path):
+    """benchmarks/serving_sweep.py with real servers for flatcake, file and none."""
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "serving_sweep.py"
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    r = subprocess.run([sys.executable, str(script), "--backends", "flatcake,file,none",
+                        "--rates", "1", "--num-prompts", "12", "--workdir", str(tmp_path / "w"),
+                        "--json", str(out), "--plot", str(png)],
+                       capture_output=True, text=True, timeout=2400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["backend"] for x in rows] == ["flatcake", "file", "none"]
+    assert all(x["completed"] == 12 for x in rows)
+    assert png.stat().st_size > 10_000

@@ -312,3 +312,22 @@ def test_memory_pressure_never_reclaims_the_session_just_written(tmp_path, layou
         assert r.stored == 10 and st.stats()["memory_usage"] == 1.0
         assert st.exists(turn0 + turn1) == 30, "the writer's own session must survive"
         assert st.stats()["reclaimed_sessions"] == 0
+
+
+def test_a_client_session_id_keeps_its_turns_in_one_file(tmp_path, layout, config):
+    t1 = chain(3, "client")
+    lost = extend(t1, 2, "lost")                   # a turn whose pages were never stored here
+    t3 = extend(lost, 2, "t3")
+    with FlatCakeStore(tmp_path, layout, config) as st:
+        a = st.put(t1, blocks_for(layout, t1), signals=SSD, label="chat-42").session
+        b = st.put(t3, blocks_for(layout, t3), prefix_keys=t1 + lost, signals=SSD,
+                   label="chat-42").session
+        assert a == b and len(st.sessions[a].segments) == 2
+        c = st.put(t3[:1] + extend(t3, 1, "z"), blocks_for(layout, t3[:1] + extend(t3, 1, "z")),
+                   prefix_keys=["unknown-prefix"], signals=SSD).session
+        assert c != a                               # no label, no lineage: a new session
+    with FlatCakeStore(tmp_path, layout, config) as st:
+        assert st.sessions[a].label == "chat-42"
+        more = extend(t3, 2, "t4")
+        assert st.put(more, blocks_for(layout, more), prefix_keys=["gone"], signals=SSD,
+                      label="chat-42").session == a

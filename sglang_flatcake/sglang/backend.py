@@ -143,7 +143,9 @@ class FlatCakeStorage(HiCacheStorage):
         prefix = list(getattr(extra_info, "prefix_keys", None) or [])
         blocks = self.pages.gather(host_indices)
         sigs = self._signals(keys, prefix)
-        res = self.store.put(keys, blocks, prefix_keys=prefix, signals=sigs)
+        seen = signal_board.BOARD.lookup(keys[0])
+        label = (seen.session_id or "") if seen is not None else ""
+        res = self.store.put(keys, blocks, prefix_keys=prefix, signals=sigs, label=label)
         ok = res.stored + res.existing
         return [i < ok for i in range(len(keys))]
 

@@ -15,7 +15,9 @@ Hooks (no source edit needed):
   with the host pool; the backend itself is registered with ``register_backend``.
 - ``HiCacheController.attach_storage_backend`` (AFTER): selects the zero-copy v1 calls
   (SGLang's list of v1 backends is hard-coded).
-- ``cpu.py`` and ``signals.py``: HiCache on a CPU server, and write-time signals.
+- ``cpu.py`` and ``signals.py``: HiCache on a CPU server, and write-time signals
+  (``write_backup_storage``, ``_execute_and_commit_kv_backup``, ``write_storage``,
+  ``_page_backup``).
 """
 
 from __future__ import annotations

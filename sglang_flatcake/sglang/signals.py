@@ -9,7 +9,11 @@ those pages:
   (``collect_path_info``, backend-neutral: context length before the node and
   how many branches leave it) and, with the Python tree core, the node's
   ``lock_ref`` (how many live requests hold the prefix).  The larger of
-  ``lock_ref`` and the number of branches is the reference count.
+  ``lock_ref`` and the number of branches is the reference count.  The page
+  keys are taken where SGLang hands them to the controller
+  (``HybridCacheController.write_storage``), so this works with either tree core.
+- ``UnifiedRadixCache._execute_and_commit_kv_backup`` (inside an insert): the
+  insert's ``session_id`` (SGLang's, when the client sent one) for each node.
 - ``HiCacheController._page_backup(operation)``: marks the batches of one
   backup operation so that they share one turn and one starting context (an
   operation is split into batches of 128 pages).
@@ -41,6 +45,7 @@ class Seen:
     turn: int = -1
     context_tokens: int = -1
     prev_reply_tokens: int = -1
+    session_id: str | None = None
 
 
 class SignalBoard:
@@ -89,39 +94,61 @@ BOARD = SignalBoard()
 
 
 # -- hooks ---------------------------------------------------------------------------
+# Everything below runs on the scheduler thread: write_backup_storage(node) computes
+# the node's signals and calls controller.write_storage(..., hash_value, ...) synchronously,
+# which is where the node's page keys are known whatever tree core runs.
+
+_pending = threading.local()
+_node_session: OrderedDict = OrderedDict()     # node id -> SGLang session_id of its insert
+
+
+def _execute_backup_around(original, cache, action, *a, **kw):
+    """During an insert, remember which SGLang session the backed-up nodes came from."""
+    sid = getattr(cache, "insert_session_id", None)
+    if sid is not None:
+        for nid in getattr(action, "node_ids", ()) or ():
+            _node_session[nid] = str(sid)
+        while len(_node_session) > (1 << 16):
+            _node_session.popitem(last=False)
+    return original(cache, action, *a, **kw)
+
 
 def _write_backup_storage_around(original, cache, node_id, *a, **kw):
     try:
-        _post_node(cache, node_id)
+        _pending.seen = _node_signals(cache, node_id)
     except Exception as e:  # never let signal gathering break a backup
         log.debug("flatcake: no signals for node %s: %s", node_id, e)
-    return original(cache, node_id, *a, **kw)
+        _pending.seen = None
+    try:
+        return original(cache, node_id, *a, **kw)
+    finally:
+        _pending.seen = None
 
 
-def _post_node(cache, node_id) -> None:
+def _node_signals(cache, node_id) -> Seen | None:
     if getattr(getattr(cache, "cache_controller", None), "storage_backend_type", None) != "flatcake":
-        return
+        return None
     core = cache.tree_core
-    keys = None
     refcount, ctx = 1, -1
     path = core.collect_path_info([node_id])[0]
     if path:
         last = path[-1]
         ctx = int(last.path_start)
         refcount = max(refcount, int(last.num_children))
-    node = None
     try:
         node = core.node_by_id(node_id)          # Python tree core only
+        refcount = max(refcount, max(int(cd.lock_ref) for cd in node.component_data))
     except Exception:
         pass
-    if node is not None:
-        keys = getattr(node, "hash_value", None)
-        try:
-            refcount = max(refcount, max(int(cd.lock_ref) for cd in node.component_data))
-        except Exception:
-            pass
-    if keys:
-        BOARD.record(list(keys), Seen(refcount=refcount, context_tokens=ctx))
+    return Seen(refcount=refcount, context_tokens=ctx, session_id=_node_session.pop(node_id, None))
+
+
+def _write_storage_around(original, controller, host_indices, token_ids, hash_value=None,
+                          *a, **kw):
+    seen = getattr(_pending, "seen", None)
+    if seen is not None and hash_value:
+        BOARD.record(list(hash_value), seen)
+    return original(controller, host_indices, token_ids, hash_value, *a, **kw)
 
 
 def _page_backup_around(original, controller, operation, *a, **kw):
@@ -133,7 +160,11 @@ def _page_backup_around(original, controller, operation, *a, **kw):
 
 
 def register_signal_hooks(registry, hook_type) -> None:
-    registry.register("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.write_backup_storage",
-                      _write_backup_storage_around, hook_type.AROUND)
+    base = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache."
+    registry.register(base + "write_backup_storage", _write_backup_storage_around, hook_type.AROUND)
+    registry.register(base + "_execute_and_commit_kv_backup", _execute_backup_around,
+                      hook_type.AROUND)
+    registry.register("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller."
+                      "HybridCacheController.write_storage", _write_storage_around, hook_type.AROUND)
     registry.register("sglang.srt.managers.cache_controller.HiCacheController._page_backup",
                       _page_backup_around, hook_type.AROUND)
