@@ -43,6 +43,31 @@ def aligned_empty(nbytes: int, alignment: int = 4096) -> np.ndarray:
     return raw[skip:skip + nbytes]
 
 
+def fallocate_to(fd: int, path: str, size: int) -> None:
+    """Grow an open file to at least ``size`` bytes with real blocks behind them."""
+    import os
+
+    from ..errors import IOEngineError
+    try:
+        cur = os.fstat(fd).st_size
+        if size > cur:
+            os.posix_fallocate(fd, cur, size - cur)
+    except OSError as e:
+        raise IOEngineError(e.errno, f"fallocate {path} to {size} bytes: "
+                            f"{os.strerror(e.errno)}") from None
+
+
+def datasync(fd: int, path: str) -> None:
+    """fdatasync an open file, failing with ``IOEngineError``."""
+    import os
+
+    from ..errors import IOEngineError
+    try:
+        os.fdatasync(fd)
+    except OSError as e:
+        raise IOEngineError(e.errno, f"fdatasync {path}: {e.strerror}") from None
+
+
 class IOEngine(abc.ABC):
     name: str = "base"
 

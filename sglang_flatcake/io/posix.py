@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import IOEngineError
 from ..layout import align_down, align_up
-from .base import IOEngine, ReadCommand, aligned_empty
+from .base import IOEngine, ReadCommand, aligned_empty, datasync, fallocate_to
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -251,21 +251,10 @@ class PosixEngine(IOEngine):
         self._count("bytes_written", n)
 
     def allocate(self, path: str, size: int) -> None:
-        fd, _ = self._fd(path, create=True)
-        try:
-            cur = os.fstat(fd).st_size
-            if size > cur:
-                os.posix_fallocate(fd, cur, size - cur)
-        except OSError as e:
-            raise IOEngineError(e.errno, f"fallocate {path} to {size} bytes: "
-                                f"{os.strerror(e.errno)}") from None
+        fallocate_to(self._fd(path, create=True)[0], path, size)
 
     def sync(self, path: str) -> None:
-        fd, _ = self._fd(path)
-        try:
-            os.fdatasync(fd)
-        except OSError as e:
-            raise IOEngineError(e.errno, f"fdatasync {path}: {e.strerror}") from None
+        datasync(self._fd(path)[0], path)
 
     def stats(self) -> dict:
         return {"engine": self.name, "threads": self.threads, "direct": self.want_direct,
