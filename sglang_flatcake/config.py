@@ -91,6 +91,12 @@ class FlatCakeConfig:
         "help": "check every block's checksum on read (a mismatch is a miss)"})
     on_layout_mismatch: str = dataclasses.field(default="refuse", metadata={
         "help": "a store written with another layout: refuse to start, or reset it empty"})
+    single_queue: bool = dataclasses.field(default=False, metadata={
+        "help": "ablation: one first-come first-served queue instead of FlatCake's ready and "
+                "SSD-preparing queues"})
+    prefetch_budget_bytes: int = dataclasses.field(default=1 << 30, metadata={
+        "help": "KV bytes of SSD prefetch in flight at once; a prefetch that does not fit "
+                "waits (never cancelled)", "bytes": True})
     store_dir: str = dataclasses.field(default="", metadata={
         "help": "root of the store (each rank uses its own subfolder); default: "
                 "--file-storage-path's folder, else /tmp/flatcake"})
@@ -124,6 +130,7 @@ class FlatCakeConfig:
         need(self.extent_bytes >= self.alignment and self.extent_bytes % self.alignment == 0,
              "extent_bytes", f"expected a multiple of alignment ({self.alignment})")
         need(0 <= self.node_id < 4096, "node_id", "expected 0..4095 (12 bits)")
+        need(self.prefetch_budget_bytes > 0, "prefetch_budget_bytes", "expected > 0")
         need(self.on_layout_mismatch in ON_MISMATCH, "on_layout_mismatch",
              "one of " + ", ".join(ON_MISMATCH))
 
