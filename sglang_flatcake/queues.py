@@ -108,7 +108,7 @@ class TwoQueuePolicy:
         """The request's KV is in device memory: it joins the ready queue at its arrival position."""
         r = self._inflight.pop(rid)
         r.state = "ready"
-        if not self.single_queue:
+        if not self.single_queue and rid in self.requests:
             bisect.insort(self._ready, (r.arrival, rid))
 
     # -- admission -------------------------------------------------------------------
@@ -125,6 +125,18 @@ class TwoQueuePolicy:
         _, rid = self._ready.pop(0)
         self.requests[rid].state = "done"
         return rid
+
+    def leave(self, rid: str) -> None:
+        """Forget ``rid`` (admitted elsewhere, or aborted); a prefetch in flight keeps its budget
+        until ``prefetch_done``."""
+        r = self.requests.pop(rid, None)
+        if r is None:
+            return
+        self._preparing.pop(rid, None)
+        self._fifo = [x for x in self._fifo if x.rid != rid]
+        i = bisect.bisect_left(self._ready, (r.arrival, rid))
+        if i < len(self._ready) and self._ready[i] == (r.arrival, rid):
+            del self._ready[i]
 
     def waiting(self) -> dict[str, int]:
         return {"ready": len(self._ready) if not self.single_queue else

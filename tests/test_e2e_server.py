@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import threading
 import subprocess
 import sys
 import time
@@ -138,6 +140,16 @@ def flush(server, timeout: float = 120) -> None:
         time.sleep(1)
 
 
+RESTORED = re.compile(r"flatcake: restored (\S+): (\d+) of (\d+) tokens from (\d+) "
+                      r"\(([\d.]+) MiB from SSD\) in ([\d.]+)s, host-pool gets (\d+)")
+
+
+def restores(log_path) -> list[dict]:
+    """The direct restores a server logged: tokens, SSD MiB and SGLang host-pool reads so far."""
+    return [{"rid": m[1], "tokens": int(m[2]), "ssd_mib": float(m[5]), "host_pool_gets": int(m[7])}
+            for m in RESTORED.finditer(open(log_path).read())]
+
+
 def test_multi_turn_history_served_from_storage_after_flush(model, tmp_path, reference):
     store = tmp_path / "store"
     a = reference["a"]
@@ -151,6 +163,10 @@ def test_multi_turn_history_served_from_storage_after_flush(model, tmp_path, ref
     details = second["meta_info"].get("cached_tokens_details") or {}
     assert int(details.get("storage", 0)) >= len(a) - 2 * PAGE, details
     assert np.allclose(logprobs(second), logprobs(reference["second"]), atol=1e-4)
+    # the history came from SSD straight into device KV slots, never through SGLang's host pool
+    done = restores(tmp_path / "s.log")
+    assert done and done[-1]["tokens"] >= len(a) - 2 * PAGE and done[-1]["ssd_mib"] > 0, done
+    assert all(r["host_pool_gets"] == 0 for r in done), done
 
 
 def test_failure_injector_keeps_answers_correct(model, tmp_path, reference):
@@ -205,3 +221,48 @@ def test_serving_sweep_runs_at_tiny_scale(tmp_path):
     assert [x["backend"] for x in rows] == ["flatcake", "file", "none"]
     assert all(x["completed"] == 12 for x in rows)
     assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("single_queue", [False, True], ids=["two-queues", "single-queue"])
+def test_memory_hit_is_not_stuck_behind_an_ssd_restore(model, tmp_path, single_queue):
+    """A slow SSD restore (a test throttle) must not hold back a request that hits memory.
+
+    A long prompt is stored (first turns go to SSD) and flushed; a short prompt is then
+    served so it sits in device memory.  The long prompt is sent again (its history must
+    come from SSD, slowly), and the short one right behind it.  With two queues the
+    short one is answered first; with ``--flatcake-single-queue`` it waits for the restore.
+    """
+    store, delay = tmp_path / "store", 4.0
+    long_ids, short_ids = prompt_ids(2048, 11), prompt_ids(200, 12)
+    extra = ["--schedule-policy", "fcfs"] + (["--flatcake-single-queue"] if single_queue else [])
+    env = {"FLATCAKE_TEST_SSD_DELAY_S_PER_MIB": str(delay)}
+    log = tmp_path / "s.log"
+    with ServerProcess(cpu_server_args(model, str(store), PAGE, extra=extra), env=env,
+                       log_path=str(log)) as s:
+        generate(s, long_ids)
+        wait_for(lambda: stored_blocks(store) >= len(long_ids) // PAGE - 1, what="the long prompt")
+        flush(s)
+        generate(s, short_ids)                       # now in device memory
+        times: dict[str, float] = {}
+        t0 = time.time()
+
+        def send(name, ids):
+            out = generate(s, ids)
+            times[name] = time.time() - t0
+            times[name + "_storage"] = int((out["meta_info"].get("cached_tokens_details")
+                                            or {}).get("storage", 0))
+
+        a = threading.Thread(target=send, args=("long", long_ids))
+        a.start()
+        time.sleep(0.5)
+        send("short", short_ids)
+        a.join()
+    done = restores(log)
+    slow = [r for r in done if r["ssd_mib"] > 0.5]
+    assert slow, done                                 # the long history came from SSD
+    restore_s = delay * slow[-1]["ssd_mib"]
+    assert times["long_storage"] >= len(long_ids) - 2 * PAGE, times
+    if single_queue:
+        assert times["short"] >= 0.8 * restore_s, (times, restore_s)
+    else:
+        assert times["short"] < times["long"] and times["short"] < 0.5 * restore_s, (times, restore_s)

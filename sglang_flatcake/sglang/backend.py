@@ -103,6 +103,10 @@ class FlatCakeStorage(HiCacheStorage):
         self.store: Optional[FlatCakeStore] = None
         self.pages: Optional[HostPages] = None
         self.mem_pool_host = None
+        # reads that went through SGLang's host pool (0 while the scheduler restores directly)
+        self.host_pool_gets = 0
+        self.host_pool_bytes_for_ssd_hits = 0
+        self.direct_counters: dict = {}            # filled by ``direct.DirectRestorer``
         if mem_pool_host is not None:
             self.register_mem_pool_host(mem_pool_host)
 
@@ -133,6 +137,8 @@ class FlatCakeStorage(HiCacheStorage):
             return []
         out = self.store.alloc_blocks(len(keys))
         res = self.store.get(keys, out)
+        self.host_pool_gets += 1
+        self.host_pool_bytes_for_ssd_hits += res.from_ssd * self.store.layout.block_bytes
         self.pages.scatter(host_indices, out, res.hits)
         signal_board.BOARD.note_read(res)
         return [i < res.hits for i in range(len(keys))]
@@ -198,6 +204,9 @@ class FlatCakeStorage(HiCacheStorage):
 
     def get_stats(self):
         st = self.store.stats() if self.store is not None else {}
+        st["host_pool_gets"] = self.host_pool_gets
+        st["host_pool_bytes_for_ssd_hits"] = self.host_pool_bytes_for_ssd_hits
+        st["direct"] = dict(self.direct_counters)
         signal_board.BOARD.publish(st)
         global _METRICS
         if _METRICS is None:

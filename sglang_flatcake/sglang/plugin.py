@@ -18,6 +18,8 @@ Hooks (no source edit needed):
 - ``cpu.py`` and ``signals.py``: HiCache on a CPU server, and write-time signals
   (``write_backup_storage``, ``_execute_and_commit_kv_backup``, ``write_storage``,
   ``_page_backup``).
+- ``scheduling.py``: the two queues and the direct restore (``Scheduler._prefetch_kvcache``,
+  ``Scheduler._get_new_batch_prefill_raw``, ``UnifiedRadixCache.check_prefetch_progress``).
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ def _add_cli_args_after(result, parser, *a, **kw):
     defaults = FlatCakeConfig()
     for f in _FIELDS:
         default = getattr(defaults, f.name)
+        switch = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}
         group.add_argument(_flag(f.name), dest="flatcake_" + f.name, default=None, metavar="V",
-                           help=f"{f.metadata.get('help', '')} (default: {default!r})")
+                           help=f"{f.metadata.get('help', '')} (default: {default!r})", **switch)
     return result
 
 
@@ -122,6 +125,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .cpu import register_cpu_hooks
+    from .scheduling import register_scheduling_hooks
     from .signals import register_signal_hooks
 
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args",
@@ -142,3 +146,4 @@ def register() -> None:
                           _attach_after, HookType.AFTER)
     register_cpu_hooks(HookRegistry, HookType)
     register_signal_hooks(HookRegistry, HookType)
+    register_scheduling_hooks(HookRegistry, HookType)

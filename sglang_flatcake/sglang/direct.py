@@ -1,0 +1,243 @@
+"""Store to device KV slots without SGLang's host pool: one ``Flow`` per request.
+
+With ``--hicache-storage-backend flatcake`` the scheduler does not run SGLang's
+storage prefetch (storage -> host pool -> device).  Instead, for each request:
+
+1. ``lookup`` (scheduler thread, at arrival): the page hashes of the request's
+   reusable prefix are computed from the root exactly as SGLang names stored
+   pages (``get_storage_hash_str``); the leading stored run past the device
+   match is the flow's span, and the store says how many of its blocks are on
+   SSD (``ssd_bytes``, the queue policy's KV size).
+2. ``start`` (scheduler thread, when the queue policy says so): device KV slots
+   are allocated (evicting from the radix tree if needed; when none can be had
+   the flow keeps waiting, it is never cancelled), the device prefix it extends
+   is locked, and a worker thread restores the span with
+   ``store.restore_to_slots``: SSD blocks through the two-layer window and the
+   scatter kernel, memory blocks from the host arena, straight into the slots.
+3. ``finish`` (scheduler thread, once every rank is done): the restored pages
+   are inserted into the radix tree as device nodes (the insert frees slots a
+   concurrent insert already covered), slots past a miss or a checksum failure
+   are freed, the lock is released, and SGLang's storage-hit accounting is set
+   so ``cached_tokens_details.storage`` reports the span.
+
+SGLang's host pool is never touched by a flatcake read; ``counters`` proves it
+(``host_pool_gets`` counts the backend's ``batch_get_v1`` calls, which stay 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import address as addr
+
+log = logging.getLogger("sglang_flatcake")
+
+# A test hook: seconds of extra delay per MiB of SSD bytes in each restore (never set in production).
+DELAY_ENV = "FLATCAKE_TEST_SSD_DELAY_S_PER_MIB"
+
+
+@dataclass
+class Flow:
+    rid: str
+    handle: Any                      # SGLang's CacheRequestHandle
+    key: Any                         # RadixKey of [0, end) tokens, page aligned
+    keys: list[str]                  # page hashes of the span [start, end)
+    start: int                       # tokens already on device when looked up
+    ssd_bytes: int
+    memory_bytes: int
+    state: str = "waiting"           # waiting | running | done
+    slots: Any = None                # torch int64 device slots of the span
+    anchor: Any = None               # node id of the locked device prefix
+    anchor_lock: Any = None
+    prefix_start: int = 0            # device prefix length when started
+    future: Optional[Future] = None
+    started_at: float = 0.0
+    result: Any = None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.key) - self.start
+
+
+@dataclass
+class DirectRestorer:
+    """Runs flows for one scheduler; every method but the worker runs on the scheduler thread."""
+
+    scheduler: Any
+    backend: Any
+    counters: dict = field(default_factory=lambda: {
+        "flows": 0, "restored_tokens": 0, "bytes_from_ssd": 0, "bytes_from_memory": 0,
+        "failed": 0, "waits_for_slots": 0})
+
+    def __post_init__(self) -> None:
+        self.tree = self.scheduler.tree_cache
+        self.allocator = self.scheduler.token_to_kv_pool_allocator
+        self.page = int(self.scheduler.page_size)
+        kv = self.allocator.get_kvcache()
+        if hasattr(kv, "k_buffer") and hasattr(kv, "v_buffer"):
+            self.dest_k, self.dest_v = list(kv.k_buffer), list(kv.v_buffer)
+        else:
+            self.dest_k, self.dest_v = list(kv.kv_buffer), None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-restore")
+        from ..scatter import warm_up
+        self.pool.submit(warm_up)              # compile the CPU scatter before the first restore
+        self.delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        if self.delay:
+            log.warning("flatcake: %s=%s slows every SSD restore (a test hook)", DELAY_ENV,
+                        self.delay)
+        self._lock = threading.Lock()
+        self.backend.direct_counters = self.counters
+
+    @staticmethod
+    def supported(scheduler) -> str | None:
+        """Why the direct path cannot serve this scheduler, or None when it can."""
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+        tree = getattr(scheduler, "tree_cache", None)
+        if not isinstance(tree, UnifiedRadixCache):
+            return f"the tree cache is {type(tree).__name__}, not UnifiedRadixCache"
+        if len(getattr(tree, "tree_components", ())) > 1 or getattr(tree, "is_swa_enabled", False):
+            return "the tree has components besides full attention (SWA or Mamba)"
+        mode = getattr(scheduler, "disaggregation_mode", None)
+        if mode is not None and getattr(mode, "name", str(mode)).upper() != "NULL":
+            return f"disaggregation mode {mode} (only colocated serving restores directly)"
+        if getattr(tree, "buffer_pipeline", None) is not None:
+            return "--hicache-mem-layout buffer_only stages by design"
+        kv = scheduler.token_to_kv_pool_allocator.get_kvcache()
+        if not (hasattr(kv, "k_buffer") or hasattr(kv, "kv_buffer")):
+            return f"the device pool {type(kv).__name__} has no per-layer KV buffers"
+        return None
+
+    # -- 1. lookup --------------------------------------------------------------------
+    def lookup(self, req) -> Flow | None:
+        """The stored span that would extend ``req``'s device match, or None."""
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+        store = self.backend.store
+        if store is None:
+            return None
+        req.init_next_round_input(self.tree, cow_mamba=False)
+        ids = req.full_untruncated_fill_ids
+        end = req._compute_max_prefix_len(len(ids)) // self.page * self.page
+        start = int(req.prefix_len)
+        if end - start < self.page:
+            return None
+        key = RadixKey(ids[:end], extra_key=req.extra_key, cache_salt=req.cache_salt,
+                       is_bigram=self.tree.tree_core.is_eagle).page_aligned(self.page)
+        hashes = get_storage_hash_str(key, None, page_size=self.page)
+        first = start // self.page
+        span = hashes[first:]
+        n = store.exists(span)
+        if n == 0:
+            return None
+        span = span[:n]
+        on_ssd = sum(1 for a in store.locate(span) if a is not None and a.medium == addr.Medium.SSD)
+        bb = store.layout.block_bytes
+        limit = max(self.page, self.allocator.size // 2 // self.page * self.page)
+        span = span[: limit // self.page]
+        return Flow(req.rid, req.cache_request_handle, key[: start + len(span) * self.page], span,
+                    start, on_ssd * bb, (len(span) - on_ssd) * bb)
+
+    # -- 2. start ---------------------------------------------------------------------
+    def allocate(self, flow: Flow) -> bool:
+        """Lock the device prefix and allocate slots; False (nothing held) when none are free."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+
+        match = self.tree.match_prefix(MatchPrefixParams(key=flow.key[: flow.start]))
+        if match.device_prefix_len < flow.start:
+            # the device prefix was evicted while queued: restore from where it now ends
+            self._restart_from(flow, match.device_prefix_len)
+        n = flow.tokens
+        if self.allocator.available_size() < n:
+            self.tree.evict(EvictParams(num_tokens=n))
+        slots = self.allocator.alloc(n) if self.allocator.available_size() >= n else None
+        if slots is None:
+            self.counters["waits_for_slots"] += 1
+            return False
+        flow.slots = slots
+        flow.anchor = match.last_device_node
+        flow.anchor_lock = self.tree.inc_lock_ref(flow.anchor).to_dec_params()
+        flow.prefix_start = flow.start
+        return True
+
+    def _restart_from(self, flow: Flow, start: int) -> None:
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+        hashes = get_storage_hash_str(flow.key, None, page_size=self.page)
+        flow.keys = hashes[start // self.page:]
+        flow.start = start
+
+    def submit(self, flow: Flow) -> None:
+        """Start the restore of an allocated flow on the worker thread."""
+        flow.state = "running"
+        flow.started_at = time.monotonic()
+        store = self.backend.store
+        slots = flow.slots.cpu().numpy() if hasattr(flow.slots, "cpu") else np.asarray(flow.slots)
+        delay = self.delay * flow.ssd_bytes / (1 << 20)
+
+        def work():
+            if delay:
+                time.sleep(delay)
+            return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots)
+
+        flow.future = self.pool.submit(work)
+
+    # -- 3. finish --------------------------------------------------------------------
+    def local_result(self, flow: Flow) -> tuple[bool, int]:
+        """(done, restored pages) as this rank sees it; a failed restore counts 0 pages."""
+        if flow.future is None or not flow.future.done():
+            return False, 0
+        try:
+            res = flow.future.result()
+        except Exception as e:      # an I/O engine error fails this flow, never the server
+            log.error("flatcake: restore of %s failed: %s", flow.rid, e)
+            return True, 0
+        if res.error:
+            log.error("flatcake: restore of %s failed: %s", flow.rid, res.error)
+        flow.result = res
+        return True, int(res.hits if not res.error else 0)
+
+    def finish(self, flow: Flow, pages: int) -> None:
+        """Publish the first ``pages`` restored pages into the tree; free everything else."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+
+        import torch
+
+        flow.state = "done"
+        tokens = pages * self.page
+        try:
+            if tokens < flow.tokens:
+                self.allocator.free(flow.slots[tokens:])
+                self.counters["failed"] += 1
+            if tokens > 0:
+                end = flow.prefix_start + tokens
+                prefix = self.tree.path_device_indices(flow.anchor)[: flow.prefix_start]
+                value = torch.cat([prefix.to(torch.int64), flow.slots[:tokens].to(torch.int64)])
+                self.tree.insert(InsertParams(key=flow.key[:end], value=value,
+                                              prev_prefix_len=flow.prefix_start,
+                                              inserted_len=end))
+                self.tree.prefetch_loaded_tokens_by_reqid[flow.handle] = tokens
+                self.tree.prefetch_loaded_storage_start_by_reqid[flow.handle] = flow.prefix_start
+                res = flow.result
+                bb = self.backend.store.layout.block_bytes
+                self.counters["restored_tokens"] += tokens
+                self.counters["bytes_from_ssd"] += (res.from_ssd if res else 0) * bb
+                self.counters["bytes_from_memory"] += (res.from_memory if res else 0) * bb
+            self.counters["flows"] += 1
+        finally:
+            self.tree.dec_lock_ref(flow.anchor, flow.anchor_lock)
+            flow.anchor = flow.anchor_lock = flow.slots = None
+        log.info("flatcake: restored %s: %d of %d tokens from %d (%.1f MiB from SSD) in %.3fs, "
+                 "host-pool gets %d", flow.rid, tokens, len(flow.key) - flow.prefix_start,
+                 flow.prefix_start, flow.ssd_bytes / (1 << 20),
+                 time.monotonic() - flow.started_at, self.backend.host_pool_gets)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)

@@ -1,0 +1,244 @@
+"""FlatCake's two queues inside SGLang's scheduler (FC-MAS), plus the direct restore.
+
+SGLang keeps one ``waiting_queue`` and, at each prefill, walks it in order,
+skipping requests whose storage prefetch is not done.  With flatcake these hooks
+(``register_scheduling_hooks``) replace what the storage prefetch does:
+
+- ``Scheduler._prefetch_kvcache`` (AROUND): at arrival, ``DirectRestorer.lookup``
+  finds the request's stored span.  A span with no block on SSD is *ready*: its
+  restore (host arena -> device slots) starts at once.  A span with any SSD block
+  joins the SSD-preparing queue of ``queues.TwoQueuePolicy``.
+- ``Scheduler._get_new_batch_prefill_raw`` (BEFORE): once per step, ``pump``
+  syncs the clock, starts the prefetches the policy picks (highest
+  ``1 + wait / KV GB`` first, within ``--flatcake-prefetch-budget-bytes``; a
+  prefetch that finds no budget or no free device slots waits and is never
+  cancelled) and publishes the restores every rank has finished.
+- ``UnifiedRadixCache.check_prefetch_progress`` (AROUND): the admission gate.  A
+  request whose restore has not been published is skipped, keeping its place,
+  so it re-enters at its original arrival position once ready.  With
+  ``--flatcake-single-queue`` a request also waits while any earlier arrival is
+  still restoring: one first-come first-served queue, the ablation.
+
+TP ranks agree because every decision uses values made identical by an
+all-reduce over the TP CPU group: the clock (MAX of the ranks' clocks, taken at
+the same step), each arrival's span and SSD bytes, slot allocation success and
+restore completion (MIN).  Nothing here runs unless the storage backend is
+flatcake; other backends keep SGLang's own path.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import Any
+
+from ..queues import TwoQueuePolicy
+from .direct import DirectRestorer, Flow
+
+log = logging.getLogger("sglang_flatcake")
+ATTR = "_flatcake_scheduling"
+
+
+class FlatCakeScheduling:
+    """Per-scheduler state: the queue policy, the restorer and the flows in progress."""
+
+    def __init__(self, scheduler: Any, backend: Any) -> None:
+        cfg = backend.config
+        self.scheduler = scheduler
+        self.restorer = DirectRestorer(scheduler, backend)
+        self.single_queue = cfg.single_queue
+        self.now = time.monotonic()
+        self.policy = TwoQueuePolicy(clock=lambda: self.now, budget_bytes=cfg.prefetch_budget_bytes,
+                                     single_queue=cfg.single_queue)
+        self.seq = 0
+        self.arrival: dict[str, int] = {}           # rid -> arrival number (every request)
+        self.flows: dict[str, Flow] = {}            # rid -> a flow not yet published
+        self.pending: list[tuple[int, str]] = []    # (arrival, rid) of unpublished flows, sorted
+        self.to_start: list[str] = []               # picked, waiting for device slots
+        self.group = getattr(scheduler, "tp_cpu_group", None) if scheduler.tp_size > 1 else None
+        log.info("flatcake: %s, SSD prefetches restore straight into device KV slots",
+                 "one FCFS queue (--flatcake-single-queue)" if self.single_queue
+                 else "two queues (ready, SSD-preparing)")
+
+    # -- rank agreement ---------------------------------------------------------------
+    def agree(self, values: list[float], op: str) -> list[float]:
+        """``values`` reduced over the TP ranks (``"min"``/``"max"``); unchanged with one rank."""
+        if self.group is None or not values:
+            return values
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX,
+                        group=self.group)
+        return t.tolist()
+
+    # -- arrival ----------------------------------------------------------------------
+    def arrive(self, req) -> None:
+        rid = req.rid
+        if rid in self.arrival:               # a retraction or retry: keep the first arrival
+            return
+        self.seq += 1
+        self.arrival[rid] = self.seq
+        try:
+            flow = self.restorer.lookup(req)
+        except Exception:                      # a lookup bug must not take the server down
+            log.exception("flatcake: lookup for %s failed; it is served without storage", rid)
+            flow = None
+        # every rank makes both calls, hit or miss, so the collectives line up
+        pages = int(self.agree([len(flow.keys) if flow else 0], "min")[0])
+        ssd = int(self.agree([flow.ssd_bytes if flow else 0], "max")[0])
+        if flow is None or pages == 0:
+            return
+        if pages < len(flow.keys):
+            flow.keys = flow.keys[:pages]
+            flow.key = flow.key[: flow.start + pages * self.restorer.page]
+        flow.ssd_bytes = ssd
+        self.flows[rid] = flow
+        bisect.insort(self.pending, (self.seq, rid))
+        if self.policy.arrive(rid, self.seq, ssd) == "ready" and not self.single_queue:
+            self.to_start.append(rid)         # memory only: no queueing for the SSD
+
+    # -- every step -------------------------------------------------------------------
+    def pump(self) -> None:
+        if not self.flows and len(self.arrival) <= len(self.scheduler.waiting_queue) + 256:
+            return
+        self.now = self.agree([time.monotonic()], "max")[0]
+        self._forget_departed()
+        for rid in self.policy.start_prefetches():
+            self.to_start.append(rid)
+        if self.single_queue:                  # memory-only heads start in arrival order too
+            for _, rid in self.pending:
+                f = self.flows[rid]
+                if f.state == "waiting" and f.ssd_bytes == 0 and rid not in self.to_start:
+                    self.to_start.append(rid)
+                if f.ssd_bytes:
+                    break
+        self._start_picked()
+        self._publish_finished()
+
+    def _start_picked(self) -> None:
+        still = []
+        for rid in self.to_start:
+            flow = self.flows.get(rid)
+            if flow is None or flow.state != "waiting":
+                continue
+            ok = self.restorer.allocate(flow)
+            if self.agree([1.0 if ok else 0.0], "min")[0] < 1:
+                if ok:
+                    self.restorer.allocator.free(flow.slots)
+                    self.restorer.tree.dec_lock_ref(flow.anchor, flow.anchor_lock)
+                    flow.slots = flow.anchor = flow.anchor_lock = None
+                still.append(rid)              # waits for slots; never cancelled
+                continue
+            self.restorer.submit(flow)
+        self.to_start = still
+
+    def _publish_finished(self) -> None:
+        running = [self.flows[rid] for _, rid in self.pending if self.flows[rid].state == "running"]
+        if not running:
+            return
+        local = [self.restorer.local_result(f) for f in running]
+        done = self.agree([1.0 if d else 0.0 for d, _ in local], "min")
+        pages = self.agree([float(p) for _, p in local], "min")
+        for f, d, p in zip(running, done, pages):
+            if d < 1:
+                continue
+            self.restorer.finish(f, int(p))
+            try:
+                self.policy.prefetch_done(f.rid)      # frees its prefetch budget
+            except KeyError:
+                pass                                  # a memory-only flow: never in the budget
+            self._drop(f.rid)
+
+    def _drop(self, rid: str) -> None:
+        flow = self.flows.pop(rid, None)
+        if flow is not None:
+            i = bisect.bisect_left(self.pending, (self.arrival[rid], rid))
+            if i < len(self.pending) and self.pending[i][1] == rid:
+                del self.pending[i]
+
+    def _forget_departed(self) -> None:
+        """Requests that left the waiting queue without a gate pass (aborted) stop blocking."""
+        waiting = {r.rid for r in self.scheduler.waiting_queue}
+        for rid in list(self.arrival):
+            if rid in waiting:
+                continue
+            flow = self.flows.get(rid)
+            if flow is not None and flow.state == "running":
+                continue                       # finishes and is published; the KV stays cached
+            self.policy.leave(rid)
+            self._drop(rid)
+            del self.arrival[rid]
+
+    # -- admission --------------------------------------------------------------------
+    def gate(self, rid: str) -> bool:
+        """May ``rid`` be admitted now?  Same answer on every rank."""
+        if rid in self.flows:
+            return False
+        if self.single_queue and self.pending and rid in self.arrival \
+                and self.pending[0][0] < self.arrival[rid]:
+            return False
+        self.policy.leave(rid)
+        return True
+
+    def stats(self) -> dict:
+        return {**self.restorer.counters, **self.policy.waiting(),
+                "single_queue": self.single_queue}
+
+
+def _backend_of(scheduler):
+    tree = getattr(scheduler, "tree_cache", None)
+    ctrl = getattr(tree, "cache_controller", None)
+    backend = getattr(ctrl, "storage_backend", None)
+    return backend if type(backend).__name__ == "FlatCakeStorage" else None
+
+
+def state_of(scheduler) -> FlatCakeScheduling | None:
+    """The scheduler's flatcake state, created on first use; None for other backends."""
+    st = scheduler.__dict__.get(ATTR, False)
+    if st is not False:
+        return st
+    backend = _backend_of(scheduler)
+    st = None
+    if backend is not None and backend.store is not None:
+        why = DirectRestorer.supported(scheduler)
+        if why is None:
+            st = FlatCakeScheduling(scheduler, backend)
+        else:
+            log.warning("flatcake: direct restore off (%s); SGLang's storage prefetch is used", why)
+    scheduler.__dict__[ATTR] = st
+    if st is not None:
+        scheduler.tree_cache.__dict__[ATTR] = st
+    return st
+
+
+def _prefetch_around(original, scheduler, req, *a, **kw):
+    st = state_of(scheduler)
+    if st is None:
+        return original(scheduler, req, *a, **kw)
+    st.arrive(req)
+    return None
+
+
+def _prefill_before(scheduler, *a, **kw):
+    st = state_of(scheduler)
+    if st is not None:
+        st.pump()
+
+
+def _progress_around(original, tree, handle, *a, **kw):
+    st = tree.__dict__.get(ATTR)
+    if st is None:
+        return original(tree, handle, *a, **kw)
+    return st.gate(handle.rid) and original(tree, handle, *a, **kw)
+
+
+def register_scheduling_hooks(registry, hook_type) -> None:
+    registry.register("sglang.srt.managers.scheduler.Scheduler._prefetch_kvcache",
+                      _prefetch_around, hook_type.AROUND)
+    registry.register("sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
+                      _prefill_before, hook_type.BEFORE)
+    registry.register(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.check_prefetch_progress",
+        _progress_around, hook_type.AROUND)
