@@ -207,7 +207,8 @@ def run(args) -> dict:
                 cfg = FlatCakeConfig(
                     memory_bytes=0, io_engine=eng, io_threads=args.io_threads,
                     extent_bytes=256 << 20, on_layout_mismatch="reset",
-                    ssd_bytes=(2 * total + (576 << 20)) if medium == "region" else max(4 * total, 1 << 30),
+                    ssd_bytes=(2 * total + (576 << 20) if medium == "region"
+                               else max(4 * total, 1 << 30)),
                     ssd_path=args.ssd_path if medium == "region" else "",
                     ssd_force=args.ssd_force, start_empty=medium == "region")
                 store_dir = base / f"store-{medium}-{k}"
@@ -227,7 +228,8 @@ def run(args) -> dict:
         result = {**{k: v for k, v in first.items() if k not in ("medium", "io_engine")},
                   "sglang_file_gib_s": None if sgl is None else round(sgl, 4),
                   "layers": args.layers, "turns": args.turns, "bytes": total,
-                  "flatcake_vs_sglang_file": None if not sgl else round(first["flatcake_gib_s"] / sgl, 4),
+                  "flatcake_vs_sglang_file": (None if not sgl
+                                              else round(first["flatcake_gib_s"] / sgl, 4)),
                   "repeats": args.repeat, "runs": runs}
     finally:
         if not args.keep:

@@ -253,6 +253,8 @@ class FlatCakeStore:
                                      existing=n - len(new))
             finally:
                 self._maybe_reclaim()          # while the writer still pins its own session
+                if self.ssd.wants_checkpoint():
+                    self._checkpoint()
                 with self._meta:
                     sess.readers -= 1
                     if sess.n_blocks == 0 and sess.readers == 0:
@@ -341,8 +343,6 @@ class FlatCakeStore:
                 self.counters["ssd_blocks_written"] += seg.n_blocks
                 self.counters["ssd_bytes_written"] += seg.n_blocks * self.layout.block_bytes
                 self.ssd.note_segment()
-                if self.ssd.wants_checkpoint():
-                    self._checkpoint()
             if mem_idx:
                 slots = self.arena.alloc(len(mem_idx), s.sid)
                 assert slots is not None  # checked above under the write lock

@@ -85,5 +85,6 @@ def test_bench_restore_compares_media_and_engines_in_one_run(tmp_path):
     assert combos == want
     for x in res["runs"]:
         assert x["flatcake_gib_s"] > 0 and x["raw_gib_s"] > 0 and x["read_commands"] <= 4 * 3
-        assert x["flatcake_vs_raw"] == round(x["flatcake_gib_s"] / x["raw_gib_s"], 4)
+        ratio = x["flatcake_gib_s"] / x["raw_gib_s"]
+        assert abs(x["flatcake_vs_raw"] - ratio) < 2e-3 * ratio
     assert not region.exists(), "the region file the benchmark created is removed"

@@ -186,6 +186,7 @@ def test_torn_newest_checkpoint_falls_back_to_the_older_copy(tmp_path, layout):
             st.put(more, blocks_for(layout, more), prefix_keys=keys, signals=SSD)
             keys += more
         geo, uuid, newest = st.ssd.geo, st.ssd.uuid, st.ssd.ckpt_seq + 1   # close adds one
+    assert ckpt_heads(region, uuid, geo)[newest % 2] == newest
     with open(region, "r+b") as f:                 # tear the newest copy's payload
         f.seek(geo.ckpt_off[newest % 2] + 4096 + 100)
         f.write(b"\xff" * 64)
@@ -226,6 +227,38 @@ def test_start_empty_keeps_the_layout_and_forgets_the_contents_durably(tmp_path,
         assert st.exists(keys) == 0, "forgotten for good, not only for one start"
         st.put(keys, blocks_for(layout, keys), signals=SSD)
         assert restore(st, keys)[0].hits == 4
+
+
+def test_failing_writes_never_fill_the_allocation_journal(tmp_path, layout):
+    from sglang_flatcake.errors import IOEngineError
+    c = cfg(tmp_path / "r.bin", checkpoint_interval=0)
+    with FlatCakeStore(tmp_path / "root", layout, c) as st:
+        real = st.engine.write
+        data_off = st.ssd.geo.data_off
+
+        def failing(path, off, data):
+            if off >= data_off:
+                raise IOEngineError(5, "injected EIO")
+            return real(path, off, data)
+        st.engine.write = failing
+        for i in range(rm.JOURNAL_SLOTS):     # each: a run recorded, then freed
+            k = chain(2, f"fail{i}")
+            assert st.put(k, blocks_for(layout, k), signals=SSD).failed == 2
+        assert st.ssd.gen > rm.JOURNAL_SLOTS and st.ssd.ckpt_seq >= 1
+        st.engine.write = real
+        ok = chain(3, "ok")
+        assert st.put(ok, blocks_for(layout, ok), signals=SSD).stored == 3
+    with FlatCakeStore(tmp_path / "root", layout, c) as st:
+        assert st.exists(ok) == 3 and len(st.sessions) == 1
+
+
+def test_start_empty_on_session_files_deletes_them(tmp_path, layout, config):
+    keys = chain(3, "dir")
+    with FlatCakeStore(tmp_path, layout, config) as st:
+        st.put(keys, blocks_for(layout, keys), signals=SSD)
+    empty = FlatCakeConfig(**{**config.to_dict(), "start_empty": True})
+    with FlatCakeStore(tmp_path, layout, empty) as st:
+        assert st.exists(keys) == 0 and not list((tmp_path / "sessions").iterdir())
 
 
 # -- safety --------------------------------------------------------------------------

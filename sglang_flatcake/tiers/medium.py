@@ -85,9 +85,9 @@ def _device_in_use(path: str, rdev: int) -> str | None:
             return False
         if st.st_rdev == rdev:
             return True
-        return os.path.exists(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/partition") \
-            and os.path.realpath(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/..") \
-            == os.path.realpath(sysdir)
+        other = f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+        return os.path.exists(f"{other}/partition") and \
+            os.path.realpath(f"{other}/..") == os.path.realpath(sysdir)   # one of our partitions
     for table, what in (("/proc/mounts", "mounted at {}"), ("/proc/swaps", "used as swap")):
         try:
             lines = open(table).read().splitlines()

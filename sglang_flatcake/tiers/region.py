@@ -74,6 +74,7 @@ class RegionFiles:
         self.gen = self.ckpt_gen = self.ckpt_seq = 0
         self.segments_since = 0
         self.next_sid = 1
+        self.loaded = False      # no checkpoint may be written before recovery has finished
 
     # ---------------------------------------------------------------- medium
     def _open_layout(self) -> None:
@@ -280,7 +281,7 @@ class RegionFiles:
 
     def checkpoint(self, sessions, next_sid: int) -> None:
         """Write every session with runs to the older slot (seq + 1) and sync it."""
-        if self.read_only:
+        if self.read_only or not self.loaded:
             return
         by_sid = {s.sid: s for s in sessions}
         out = []

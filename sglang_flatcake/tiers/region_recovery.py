@@ -113,7 +113,7 @@ def _walk(t, s: Session, rep: Counter) -> None:
 
 
 def recover(t, start_empty: bool):
-    from .region import new_sid_base
+    from .region import _group, new_sid_base
     rep: Counter = Counter()
     a = t.config.alignment
     ck = newest_checkpoint(t, rep)
@@ -127,6 +127,7 @@ def recover(t, start_empty: bool):
     rep["checkpoint_seq"] = t.ckpt_seq
     rep["journal_records"] = len(recs)
     if start_empty:                      # keep the layout, forget the contents, durably
+        t.loaded = True
         t.checkpoint([], next_sid)
         rep["started_empty"] = 1
         return [], rep, {}
@@ -189,8 +190,8 @@ def recover(t, start_empty: bool):
         else:
             rep["empty_sessions"] += 1
     for sid, ex in t._extents.items():
-        from .region import _group
         for start, count in _group(ex):
             if not t.alloc.take_at(start, count):
                 raise StoreCorruptError(f"{t.path_}: extent run ({start}, {count}) owned twice")
+    t.loaded = True
     return out, rep, ends
