@@ -1,7 +1,9 @@
 """``flatcake bench-restore``: cold restore of one long session against the raw disk.
 
 Writes one session (``turns`` segments) through the store, drops the page
-cache, restores every block, and in the same run measures (a) the raw limit,
+cache, restores every block -- once per SSD medium (the session-file directory,
+and the region at ``--ssd-path`` when given) and per engine in ``--io-engine``
+(a comma list) -- and in the same run measures (a) the raw limit,
 sequential O_DIRECT reads of 4 MiB from a plain file of the same size, with the
 same number of reads in flight, and (b) SGLang's ``HiCacheFile`` restoring the
 same pages, when sglang is importable.  Prints its configuration, progress,
@@ -125,6 +127,54 @@ def sglang_file_restore(layout: KVLayout, keys: list[str], blocks_of, n_blocks: 
     return n_blocks * bb / dt / (1 << 30)
 
 
+def restore_runs(args, layout: KVLayout, cfg: FlatCakeConfig, store_dir: Path, keys, per_turn,
+                 pool, raw_path: str, label: str) -> dict:
+    """Write the session through one store (one medium, one engine), then alternate cold
+    restores with the raw limit ``args.repeat`` times; the medians and details."""
+    n_blocks, bb = len(keys), layout.block_bytes
+    total = n_blocks * bb
+    with FlatCakeStore(store_dir, layout, cfg) as st:
+        t0 = time.perf_counter()
+        pos = 0
+        for t, k in enumerate(per_turn):
+            st.put(keys[pos:pos + k], block_data(layout, pos, k, pool), prefix_keys=keys[:pos],
+                   signals=WriteSignals(turn=t, context_tokens=pos * args.page_tokens,
+                                        prev_reply_tokens=10_000))
+            pos += k
+            print(f"  [{label}] wrote turn {t + 1}/{args.turns} ({pos}/{n_blocks} blocks)",
+                  file=sys.stderr)
+        write_s = time.perf_counter() - t0
+        out = st.alloc_blocks(n_blocks)
+        out[:] = 0            # touch the pages now, not inside the timed restore
+        fc_runs, raw_runs = [], []
+        for rep in range(args.repeat):   # alternate, so both see the same disk weather
+            dropped = drop_page_cache(sorted({st.ssd.path(s) for s in st.sessions}))
+            t0 = time.perf_counter()
+            g = st.get(keys, out)
+            fc_runs.append(total / (time.perf_counter() - t0) / (1 << 30))
+            if g.hits != n_blocks:
+                raise RuntimeError(f"restore returned {g.hits} of {n_blocks} blocks")
+            raw_runs.append(raw_limit(raw_path, total, args.io_threads))
+            print(f"  [{label}] run {rep + 1}/{args.repeat}: flatcake {fc_runs[-1]:.2f} GiB/s "
+                  f"({g.read_commands} read commands), raw O_DIRECT 4 MiB sequential "
+                  f"{raw_runs[-1]:.2f} GiB/s", file=sys.stderr)
+        rng = np.random.default_rng(args.seed)
+        for i in rng.choice(n_blocks, size=min(16, n_blocks), replace=False):
+            if not np.array_equal(out[i].reshape(-1), block_data(layout, int(i), 1, pool)[0]):
+                raise RuntimeError(f"block {i} restored wrong")
+        direct = st.engine.stats().get("buffered_files", 0) == 0
+        engine = st.engine.name
+        del out
+    fc, raw = float(np.median(fc_runs)), float(np.median(raw_runs))
+    return {"medium": "region" if cfg.ssd_path else "dir", "io_engine": engine,
+            "flatcake_gib_s": round(fc, 4), "raw_gib_s": round(raw, 4),
+            "flatcake_vs_raw": round(fc / raw, 4), "read_commands": g.read_commands,
+            "flatcake_runs_gib_s": [round(x, 4) for x in fc_runs],
+            "raw_runs_gib_s": [round(x, 4) for x in raw_runs],
+            "write_gib_s": round(total / write_s / (1 << 30), 4), "bytes_read": g.bytes_read,
+            "page_cache_dropped": dropped, "o_direct": direct}
+
+
 def run(args) -> dict:
     layout = KVLayout.mha(args.layers, args.kv_heads, args.head_dim, args.dtype, args.page_tokens)
     bb = layout.block_bytes
@@ -135,56 +185,37 @@ def run(args) -> dict:
     if base.exists() and any(base.iterdir()) and not args.dir_reuse:
         base = Path(tempfile.mkdtemp(prefix="bench-", dir=base))
     base.mkdir(parents=True, exist_ok=True)
-    cfg = FlatCakeConfig(memory_bytes=0, ssd_bytes=max(4 * total, 1 << 30),
-                         io_engine=args.io_engine, io_threads=args.io_threads,
-                         extent_bytes=256 << 20)
+    engines = [e.strip() for e in args.io_engine.split(",") if e.strip()]
+    media = ["dir"] + (["region"] if args.ssd_path else [])
+    region_new = bool(args.ssd_path) and not os.path.exists(args.ssd_path)
     conf = {"layers": args.layers, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
             "dtype": args.dtype, "page_tokens": args.page_tokens, "block_bytes": bb,
             "blocks": n_blocks, "turns": args.turns, "bytes": total, "dir": str(base),
-            "io_engine": args.io_engine, "io_threads": args.io_threads}
+            "media": media, "ssd_path": args.ssd_path or None, "io_engines": engines,
+            "io_threads": args.io_threads}
     print("bench-restore config: " + json.dumps(conf), file=sys.stderr)
     rng = np.random.default_rng(args.seed)
     pool = rng.integers(0, 256, size=max(64 << 20, 2 * bb), dtype=np.uint8)
     keys = chain_keys(n_blocks, args.seed)
-    store_dir = base / "store"
+    raw_path = str(base / "raw.bin")
     result: dict = {}
     try:
-        with FlatCakeStore(store_dir, layout, cfg) as st:
-            t0 = time.perf_counter()
-            pos = 0
-            for t, k in enumerate(per_turn):
-                st.put(keys[pos:pos + k], block_data(layout, pos, k, pool), prefix_keys=keys[:pos],
-                       signals=WriteSignals(turn=t, context_tokens=pos * args.page_tokens,
-                                            prev_reply_tokens=10_000))
-                pos += k
-                print(f"  wrote turn {t + 1}/{args.turns} ({pos}/{n_blocks} blocks)", file=sys.stderr)
-            write_s = time.perf_counter() - t0
-            out = st.alloc_blocks(n_blocks)
-            out[:] = 0            # touch the pages now, not inside the timed restore
-            raw_path = str(base / "raw.bin")
-            write_raw_file(raw_path, total)
-            fc_runs, raw_runs = [], []
-            for rep in range(args.repeat):   # alternate, so both see the same disk weather
-                dropped = drop_page_cache([st.ssd.path(s) for s in st.sessions])
-                t0 = time.perf_counter()
-                g = st.get(keys, out)
-                fc_runs.append(total / (time.perf_counter() - t0) / (1 << 30))
-                if g.hits != n_blocks:
-                    raise RuntimeError(f"restore returned {g.hits} of {n_blocks} blocks")
-                raw_runs.append(raw_limit(raw_path, total, args.io_threads))
-                print(f"  run {rep + 1}/{args.repeat}: flatcake {fc_runs[-1]:.2f} GiB/s "
-                      f"({g.read_commands} read commands), raw O_DIRECT 4 MiB sequential "
-                      f"{raw_runs[-1]:.2f} GiB/s", file=sys.stderr)
-            if not dropped:
-                print("  note: cannot drop the page cache (not root); O_DIRECT reads bypass it anyway",
-                      file=sys.stderr)
-            for i in rng.choice(n_blocks, size=min(16, n_blocks), replace=False):
-                if not np.array_equal(out[i].reshape(-1), block_data(layout, int(i), 1, pool)[0]):
-                    raise RuntimeError(f"block {i} restored wrong")
-            direct = st.engine.stats().get("buffered_files", 0) == 0
-            del out
+        write_raw_file(raw_path, total)
+        runs = []
+        for medium in media:
+            for k, eng in enumerate(engines):
+                cfg = FlatCakeConfig(
+                    memory_bytes=0, io_engine=eng, io_threads=args.io_threads,
+                    extent_bytes=256 << 20, on_layout_mismatch="reset",
+                    ssd_bytes=(2 * total + (576 << 20) if medium == "region"
+                               else max(4 * total, 1 << 30)),
+                    ssd_path=args.ssd_path if medium == "region" else "",
+                    ssd_force=args.ssd_force, start_empty=medium == "region")
+                store_dir = base / f"store-{medium}-{k}"
+                runs.append(restore_runs(args, layout, cfg, store_dir, keys, per_turn, pool,
+                                         raw_path, f"{medium}/{eng}"))
+                shutil.rmtree(store_dir, ignore_errors=True)
         os.unlink(raw_path)
-        fc, raw = float(np.median(fc_runs)), float(np.median(raw_runs))
         sgl = None
         if not args.no_sglang:
             sdir = base / "hicache_file"
@@ -193,27 +224,18 @@ def run(args) -> dict:
                                       n_blocks, str(sdir))
             if sgl is not None:
                 print(f"  sglang HiCacheFile restore: {sgl:.2f} GiB/s", file=sys.stderr)
-        result = {
-            "flatcake_gib_s": round(fc, 4),
-            "raw_gib_s": round(raw, 4),
-            "sglang_file_gib_s": None if sgl is None else round(sgl, 4),
-            "read_commands": g.read_commands,
-            "layers": args.layers,
-            "turns": args.turns,
-            "bytes": total,
-            "flatcake_vs_raw": round(fc / raw, 4),
-            "flatcake_vs_sglang_file": None if not sgl else round(fc / sgl, 4),
-            "repeats": args.repeat,
-            "flatcake_runs_gib_s": [round(x, 4) for x in fc_runs],
-            "raw_runs_gib_s": [round(x, 4) for x in raw_runs],
-            "write_gib_s": round(total / write_s / (1 << 30), 4),
-            "bytes_read": g.bytes_read,
-            "page_cache_dropped": dropped,
-            "o_direct": direct,
-        }
+        first = runs[0]
+        result = {**{k: v for k, v in first.items() if k not in ("medium", "io_engine")},
+                  "sglang_file_gib_s": None if sgl is None else round(sgl, 4),
+                  "layers": args.layers, "turns": args.turns, "bytes": total,
+                  "flatcake_vs_sglang_file": (None if not sgl
+                                              else round(first["flatcake_gib_s"] / sgl, 4)),
+                  "repeats": args.repeat, "runs": runs}
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
+            if region_new and os.path.exists(args.ssd_path):
+                os.unlink(args.ssd_path)
     print(json.dumps(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
@@ -230,7 +252,13 @@ def add_arguments(p) -> None:
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--repeat", type=int, default=3,
                    help="alternating flatcake/raw runs; medians are reported (default 3)")
-    p.add_argument("--io-engine", default="auto")
+    p.add_argument("--io-engine", default="auto",
+                   help="engine, or a comma list to compare (e.g. posix,io_uring); default auto")
+    p.add_argument("--ssd-path", default="",
+                   help="also run on this region medium: a pre-sized file (created, and removed "
+                        "after unless --keep) or a block device (overwritten!)")
+    p.add_argument("--ssd-force", action="store_true",
+                   help="use --ssd-path even if it holds a filesystem or other data")
     p.add_argument("--io-threads", type=int, default=4)
     p.add_argument("--dir", help="where to write (a real disk; default: a temporary folder here)")
     p.add_argument("--dir-reuse", action="store_true", help=argparse_suppress())

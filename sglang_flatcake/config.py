@@ -97,6 +97,18 @@ class FlatCakeConfig:
     prefetch_budget_bytes: int = dataclasses.field(default=1 << 30, metadata={
         "help": "KV bytes of SSD prefetch in flight at once; a prefetch that does not fit "
                 "waits (never cancelled)", "bytes": True})
+    ssd_path: str = dataclasses.field(default="", metadata={
+        "help": "SSD tier on one raw block device or one pre-sized regular file (created with "
+                "ssd_bytes if missing) instead of a directory of session files; default: the "
+                "directory"})
+    ssd_force: bool = dataclasses.field(default=False, metadata={
+        "help": "use ssd_path even though it holds a filesystem, partition table or other data "
+                "(it is overwritten); a mounted device is always refused"})
+    start_empty: bool = dataclasses.field(default=False, metadata={
+        "help": "start with an empty logical cache, keeping the on-disk layout"})
+    checkpoint_interval: int = dataclasses.field(default=1024, metadata={
+        "help": "region medium: write a metadata checkpoint every this many segments (and at "
+                "close); 0: only at close and when the allocation journal is half full"})
     store_dir: str = dataclasses.field(default="", metadata={
         "help": "root of the store (each rank uses its own subfolder); default: "
                 "--file-storage-path's folder, else /tmp/flatcake"})
@@ -131,6 +143,8 @@ class FlatCakeConfig:
              "extent_bytes", f"expected a multiple of alignment ({self.alignment})")
         need(0 <= self.node_id < 4096, "node_id", "expected 0..4095 (12 bits)")
         need(self.prefetch_budget_bytes > 0, "prefetch_budget_bytes", "expected > 0")
+        need(self.checkpoint_interval >= 0, "checkpoint_interval", "expected >= 0 segments")
+        need("\0" not in self.ssd_path, "ssd_path", "expected a path")
         need(self.on_layout_mismatch in ON_MISMATCH, "on_layout_mismatch",
              "one of " + ", ".join(ON_MISMATCH))
 

@@ -27,3 +27,8 @@ class NotStoredError(FlatCakeError):
 
 class IOEngineError(FlatCakeError, OSError):
     """An I/O command failed; the operation it belonged to failed with it."""
+
+
+class UnsafeMediumError(FlatCakeError):
+    """The SSD region medium (``ssd_path``) is refused: mounted, in use, holds data that is
+    not flatcake's, or too small.  The message says which; nothing was written to it."""

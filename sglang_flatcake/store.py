@@ -38,8 +38,8 @@ from .io import make_engine
 from .layout import KVLayout, SegmentGeometry
 from .placement import Placement, Rule, WriteSignals, place
 from .planner import ReadPlan, SegmentRead, empty_plan, plan_reads
-from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, load_sessions,
-                       read_json, store_manifest)
+from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, read_json,
+                       store_manifest)
 from .restore import VectoredReader
 from .sessions import Segment, Session
 from .tiers.memory import HostArena
@@ -96,7 +96,10 @@ class _Resolved:
 
 
 class FlatCakeStore:
-    """A FlatCake store rooted at a directory.  Not shared between processes."""
+    """A FlatCake store rooted at a directory.  Not shared between processes.
+
+    The SSD tier is a directory of session files under ``root`` (``tiers.ssd``), or, with
+    ``config.ssd_path``, one block device or pre-sized file (``tiers.region``)."""
 
     def __init__(self, root: str | os.PathLike, layout: KVLayout,
                  config: FlatCakeConfig | None = None, read_only: bool = False) -> None:
@@ -110,7 +113,8 @@ class FlatCakeStore:
         self.index = KeyIndex()
         self.sessions: dict[int, Session] = {}
         self.arena = HostArena(0 if read_only else self.config.memory_bytes, layout.block_bytes)
-        self.ssd = SessionFiles(self.root, self.engine, self.config.extent_bytes, self.config.ssd_bytes)
+        self.ssd = None
+        self._closed = False
         self._meta = threading.RLock()
         self._write_lock = threading.Lock()
         self._next_sid = 1
@@ -119,6 +123,7 @@ class FlatCakeStore:
         self.recovery_report: dict = {}
         self.reader = VectoredReader(self.engine, self.config.merge_gap_bytes)
         try:
+            self.ssd = self._make_tier()
             self._open()
         except BaseException:
             self.close()          # a refused start leaves the directory as it was, and unlocked
@@ -135,9 +140,18 @@ class FlatCakeStore:
                                 "(each server rank needs its own store directory)") from None
         return fd
 
+    def _make_tier(self):
+        if not self.config.ssd_path:
+            return SessionFiles(self.root, self.engine, self.config.extent_bytes,
+                                self.config.ssd_bytes)
+        from .tiers.region import RegionFiles   # checks the layout recorded on the medium
+        return RegionFiles(self.config, self.layout, self.engine, self.read_only)
+
     def _open(self) -> None:
         mpath = self.root / STORE_MANIFEST
-        if mpath.exists():
+        if self.config.ssd_path:
+            pass                  # the layout lives on the medium: RegionFiles checked it
+        elif mpath.exists():
             try:
                 check_store_manifest(read_json(mpath), self.layout, self.config.alignment, self.root)
             except LayoutMismatchError:
@@ -164,7 +178,9 @@ class FlatCakeStore:
 
     def _recover(self) -> None:
         """Rebuild sessions and the index from manifests and segment headers."""
-        sessions, rep, torn = load_sessions(self.ssd, self.layout, self.config.alignment)
+        sessions, rep, torn = self.ssd.load(self.layout, self.config.alignment,
+                                            self.config.start_empty and not self.read_only)
+        self._next_sid = max(self._next_sid, self.ssd.next_sid)
         for s in sessions:
             self._next_sid = max(self._next_sid, s.sid + 1)
             if not s.segments:
@@ -180,19 +196,12 @@ class FlatCakeStore:
             torn_at, size = torn[s.sid]
             if not self.read_only and size - torn_at >= self.config.alignment:
                 # zero a torn header, if any, so a later scan cannot misread it
-                self.engine.write(self.ssd.path(s.sid), torn_at,
-                                  np.zeros(self.config.alignment, np.uint8))
+                self.ssd.zero_at(s.sid, torn_at, self.config.alignment)
         for s in self.sessions.values():
             if s.parent in self.sessions:
                 self.sessions[s.parent].children.add(s.sid)
         if not self.read_only:
-            known = {self.ssd.path(sid) for sid in self.sessions}
-            for p in self.ssd.dir.glob("s*.kv"):
-                if str(p) not in known:
-                    rep["orphan_files"] += 1
-                    p.unlink()
-            for p in self.ssd.dir.glob("*.tmp"):
-                p.unlink()
+            self.ssd.cleanup(set(self.sessions), rep)
         self.recovery_report = dict(rep)
         if rep:
             log.info("store %s recovered: %s", self.root, dict(rep))
@@ -244,6 +253,8 @@ class FlatCakeStore:
                                      existing=n - len(new))
             finally:
                 self._maybe_reclaim()          # while the writer still pins its own session
+                if self.ssd.wants_checkpoint():
+                    self._checkpoint()
                 with self._meta:
                     sess.readers -= 1
                     if sess.n_blocks == 0 and sess.readers == 0:
@@ -309,9 +320,7 @@ class FlatCakeStore:
             self.counters[f"placement_{p.rule.value}"] += 1
         ssd_idx = [i for i, p in enumerate(placements) if p.medium == Medium.SSD]
         if ssd_idx and not s.durable:     # a memory-only session needs nothing on disk
-            atomic_write_json(self.ssd.manifest_path(s.sid), {
-                "session": s.sid, "parent": s.parent, "parent_blocks": s.parent_blocks,
-                "created": s.created, "label": s.label}, fsync=self.config.durable)
+            self.ssd.open_session(s, fsync=self.config.durable)
             s.durable = True
         mem_idx = [i for i, p in enumerate(placements) if p.medium == Medium.MEMORY]
         keep = n  # blocks [0, keep) are stored; a failure truncates the batch there
@@ -333,6 +342,7 @@ class FlatCakeStore:
                 self._index_segment(s, seg)
                 self.counters["ssd_blocks_written"] += seg.n_blocks
                 self.counters["ssd_bytes_written"] += seg.n_blocks * self.layout.block_bytes
+                self.ssd.note_segment()
             if mem_idx:
                 slots = self.arena.alloc(len(mem_idx), s.sid)
                 assert slots is not None  # checked above under the write lock
@@ -362,14 +372,13 @@ class FlatCakeStore:
         """Write one layer-major segment at the session's end; data first, header last."""
         geo = SegmentGeometry(self.layout, len(dig), self.config.alignment)
         off = s.write_offset
-        grow = -(-max(0, off + geo.total_bytes - self.ssd.file_bytes(s.sid))
-                 // self.config.extent_bytes) * self.config.extent_bytes
-        if grow > self.config.ssd_bytes:
+        grow = self.ssd.growth(s.sid, off, geo.total_bytes)
+        if grow > self.ssd.capacity_bytes:
             raise NotStoredError(f"SSD capacity full: a segment of {geo.total_bytes} bytes "
-                                 f"exceeds the SSD capacity of {self.config.ssd_bytes} bytes")
+                                 f"exceeds the SSD capacity of {self.ssd.capacity_bytes} bytes")
         self._maybe_reclaim(ssd_extra=grow)          # make room first, if past the watermark
         with self._meta:
-            self.ssd.ensure(s.sid, off + geo.total_bytes)   # NotStoredError if still full
+            off = self.ssd.ensure(s.sid, off, geo.total_bytes)   # NotStoredError if still full
         return self.ssd.write_segment(s.sid, off, geo, dig, blocks, s.next_seq, turn, first_pos,
                                       self.config.durable)
 
@@ -440,7 +449,8 @@ class FlatCakeStore:
                 res.ssd.append((i, sid, seg.first_pos + idx))
             for (sid, _), (seg, idx, dest) in groups.items():
                 ix = np.asarray(idx, np.int64)
-                res.reads.append(SegmentRead(self.ssd.path(sid), seg.offset, seg.geometry, ix,
+                path, off = self.ssd.io_at(sid, seg.offset)
+                res.reads.append(SegmentRead(path, off, seg.geometry, ix,
                                              np.asarray(dest, np.int64), seg.checksums[:, ix]))
             if pin:
                 now = time.time()
@@ -574,12 +584,13 @@ class FlatCakeStore:
         would be) past its high watermark."""
         freed: list[int] = []
         cfg = self.config
-        ssd_hot = self.ssd.used_bytes + ssd_extra > cfg.high_watermark * cfg.ssd_bytes
+        ssd_cap = self.ssd.capacity_bytes
+        ssd_hot = self.ssd.used_bytes + ssd_extra > cfg.high_watermark * ssd_cap
         mem_hot = self.arena.used_bytes > cfg.high_watermark * self.arena.capacity_bytes
         if not (ssd_hot or mem_hot):
             return freed            # the common case: nothing to look at
         with self._meta:
-            for medium, used, cap in ((Medium.SSD, self.ssd.used_bytes + ssd_extra, cfg.ssd_bytes),
+            for medium, used, cap in ((Medium.SSD, self.ssd.used_bytes + ssd_extra, ssd_cap),
                                       (Medium.MEMORY, self.arena.used_bytes,
                                        self.arena.capacity_bytes)):
                 victims = choose_victims(self._usage(medium), used, cap,
@@ -632,8 +643,8 @@ class FlatCakeStore:
                 "bytes_ssd_data": ssd_blocks * self.layout.block_bytes,
                 "bytes_ssd_allocated": self.ssd.used_bytes,
                 "memory_capacity": self.arena.capacity_bytes,
-                "ssd_capacity": self.config.ssd_bytes,
-                "ssd_usage": self.ssd.used_bytes / self.config.ssd_bytes,
+                "ssd_capacity": self.ssd.capacity_bytes,
+                "ssd_usage": self.ssd.used_bytes / self.ssd.capacity_bytes,
                 "memory_usage": (self.arena.used_bytes / self.arena.capacity_bytes
                                  if self.arena.capacity_bytes else 0.0),
                 "memory_pinned": self.arena.pinned,
@@ -646,8 +657,22 @@ class FlatCakeStore:
         st["io"] = self.engine.stats()
         return st
 
+    def _checkpoint(self) -> None:
+        """Write the SSD tier's metadata checkpoint (region medium); a failure is logged:
+        the segments are durable on their own and recovery finds them by their headers."""
+        with self._meta:
+            try:
+                self.ssd.checkpoint(list(self.sessions.values()), self._next_sid)
+            except (IOEngineError, NotStoredError) as e:
+                log.warning("flatcake: checkpoint failed (recovery will scan instead): %s", e)
+
     def close(self) -> None:
-        """Stop I/O and release the store directory (metadata is already durable)."""
+        """Checkpoint (region medium), stop I/O and release the store directory."""
+        if self.ssd is not None and not self._closed:
+            if not self.read_only:
+                self._checkpoint()
+            self.ssd.close()
+        self._closed = True
         self.engine.close()
         if self._lockfd is not None:
             os.close(self._lockfd)

@@ -1,6 +1,7 @@
 """Child process for test_crash: writes turns forever, acknowledging each on stdout.
 
-argv: STORE_DIR SEED.  Session s, turn t has keys extend(chain(4, f"{seed}-{s}"), ...),
+argv: STORE_DIR SEED [REGION_FILE].  With REGION_FILE the SSD tier is that pre-sized
+file (the region medium, a checkpoint every few segments) instead of session files.  Session s, turn t has keys extend(chain(4, f"{seed}-{s}"), ...),
 deterministic contents (blocks_for), so the parent can check every byte.
 """
 
@@ -16,6 +17,13 @@ LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_
 CONFIG = FlatCakeConfig(memory_bytes=0, ssd_bytes=1 << 30, extent_bytes=1 << 20, io_threads=2)
 
 
+def config_for(region: str = "") -> FlatCakeConfig:
+    if not region:
+        return CONFIG
+    return FlatCakeConfig(memory_bytes=0, ssd_bytes=256 << 20, extent_bytes=1 << 20, io_threads=2,
+                          ssd_path=region, checkpoint_interval=7)
+
+
 def turn_keys(seed: str, s: int, t: int) -> tuple[list[str], list[str]]:
     """(prefix keys, this turn's keys) of session s, turn t."""
     keys = chain(4, f"{seed}-{s}")
@@ -28,7 +36,7 @@ def turn_keys(seed: str, s: int, t: int) -> tuple[list[str], list[str]]:
 
 def main() -> None:
     root, seed = sys.argv[1], sys.argv[2]
-    with FlatCakeStore(root, LAYOUT, CONFIG) as st:
+    with FlatCakeStore(root, LAYOUT, config_for(sys.argv[3] if len(sys.argv) > 3 else "")) as st:
         print("READY", flush=True)
         for t in range(1000):
             for s in range(3):

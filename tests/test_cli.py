@@ -68,3 +68,23 @@ def test_bench_restore_prints_the_json_fields(tmp_path):
     assert res["flatcake_gib_s"] > 0 and res["raw_gib_s"] > 0
     assert res["read_commands"] <= res["layers"] * res["turns"]
     assert "wrote turn 3/3" in r.stderr
+
+
+def test_bench_restore_compares_media_and_engines_in_one_run(tmp_path):
+    from sglang_flatcake.io import uring
+    engines = "posix" if uring.unavailable_reason() else "posix,io_uring"
+    region = tmp_path / "region.bin"
+    out = tmp_path / "r.json"
+    r = flatcake("bench-restore", "--size-gib", "0.02", "--layers", "4", "--turns", "3",
+                 "--repeat", "1", "--io-engine", engines, "--ssd-path", str(region),
+                 "--dir", str(tmp_path / "b"), "--json", str(out), "--no-sglang")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    combos = [(x["medium"], x["io_engine"]) for x in res["runs"]]
+    want = [(m, e) for m in ("dir", "region") for e in engines.split(",")]
+    assert combos == want
+    for x in res["runs"]:
+        assert x["flatcake_gib_s"] > 0 and x["raw_gib_s"] > 0 and x["read_commands"] <= 4 * 3
+        ratio = x["flatcake_gib_s"] / x["raw_gib_s"]
+        assert abs(x["flatcake_vs_raw"] - ratio) < 2e-3 * ratio
+    assert not region.exists(), "the region file the benchmark created is removed"

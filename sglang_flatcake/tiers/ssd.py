@@ -6,6 +6,14 @@ geometrically (doubling, at most ``max_step_bytes`` at a time) in whole extents 
 flat 48-bit space, so a block's SSD address is ``extent * extent_bytes +
 offset_in_extent``; ``locate`` turns it back into (session, file offset) with
 one dict lookup.  Extent numbers are reused after reclaim.
+
+The store talks to an SSD tier only through this interface, which
+``tiers.region.RegionFiles`` (one block device or pre-sized file) implements too:
+``open_session``, ``growth``/``ensure`` (space for a segment, returns where it goes),
+``write_segment``, ``io_at`` (session offset -> (path, offset) for the engine),
+``address``/``locate``, ``release``, ``load`` (recovery), ``zero_at``, ``cleanup``,
+``note_segment``/``wants_checkpoint``/``checkpoint`` (no-ops here: every file carries
+its own manifest), ``close``.
 """
 
 from __future__ import annotations
@@ -21,8 +29,38 @@ from ..address import MAX_OFFSET
 from ..errors import IOEngineError, NotStoredError
 from ..io.base import IOEngine
 from ..layout import SegmentGeometry
-from ..recovery import SegmentHeader, block_checksums
-from ..sessions import Segment
+from ..recovery import (SegmentHeader, atomic_write_json, block_checksums, load_sessions)
+from ..sessions import Segment, Session
+
+
+def write_segment_at(engine: IOEngine, path: str, offset: int, geo: SegmentGeometry, sid: int,
+                     digests: np.ndarray, blocks: np.ndarray, seq: int, turn: int, first_pos: int,
+                     durable: bool, logical_offset: int | None = None) -> Segment:
+    """Write one layer-major segment at ``offset`` of ``path``.
+
+    Data first, then (after fdatasync when ``durable``) the header that commits it, so a
+    crash leaves either a whole segment or a torn one that recovery drops.  ``blocks`` is
+    ``(n, layers, block_layer_bytes)``; the space must already be allocated.  The returned
+    segment sits at ``logical_offset`` (default ``offset``).  Raises ``NotStoredError``.
+    """
+    lay = geo.layout
+    data = engine.alloc(geo.data_bytes)
+    sections = data.reshape(lay.layers, geo.layer_stride)
+    body = sections[:, :geo.layer_bytes].reshape(lay.layers, geo.n_blocks, lay.block_layer_bytes)
+    np.copyto(body, blocks.transpose(1, 0, 2))
+    sections[:, geo.layer_bytes:] = 0
+    hdr = SegmentHeader(sid, seq, max(0, int(turn)), first_pos, digests, block_checksums(body))
+    try:
+        engine.write(path, offset + geo.header_bytes, data)
+        if durable:
+            engine.sync(path)
+        engine.write(path, offset, hdr.encode(lay, geo.alignment))
+        if durable:
+            engine.sync(path)
+    except IOEngineError as e:
+        raise NotStoredError(f"segment write to {path} at {offset} failed: {e}") from None
+    off = offset if logical_offset is None else logical_offset
+    return Segment(off, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, first_pos)
 
 
 class SessionFiles:
@@ -65,12 +103,30 @@ class SessionFiles:
             self._owner[e] = (sid, len(exts))
             exts.append(e)
 
-    def ensure(self, sid: int, end: int) -> None:
-        """Grow the session's file so that ``[0, end)`` is allocated.
+    next_sid = 1                  # session ids start here (recovery raises it)
+
+    def open_session(self, s: Session, fsync: bool) -> None:
+        """Make the session's lineage durable before its first segment (its manifest)."""
+        atomic_write_json(self.manifest_path(s.sid), {
+            "session": s.sid, "parent": s.parent, "parent_blocks": s.parent_blocks,
+            "created": s.created, "label": s.label}, fsync=fsync)
+
+    def growth(self, sid: int, offset: int, nbytes: int) -> int:
+        """Bytes of new space a segment of ``nbytes`` at ``offset`` needs (at least)."""
+        need = max(0, offset + nbytes - self.file_bytes(sid))
+        return -(-need // self.extent_bytes) * self.extent_bytes
+
+    def ensure(self, sid: int, offset: int, nbytes: int) -> int:
+        """Allocate space for a segment of ``nbytes`` at ``offset`` of the session's file;
+        returns the offset it goes to (here always ``offset``).
 
         Raises ``NotStoredError`` (and leaves the file as it was) when the SSD
         capacity would be exceeded or the disk is full.
         """
+        self._grow(sid, offset + nbytes)
+        return offset
+
+    def _grow(self, sid: int, end: int) -> None:
         have = self.file_bytes(sid)
         if end <= have:
             return
@@ -133,28 +189,46 @@ class SessionFiles:
     def write_segment(self, sid: int, offset: int, geo: SegmentGeometry, digests: np.ndarray,
                       blocks: np.ndarray, seq: int, turn: int, first_pos: int,
                       durable: bool) -> Segment:
-        """Write one layer-major segment at ``offset`` of the session's file.
+        """Write one segment at ``offset`` of the session's file (see ``write_segment_at``)."""
+        return write_segment_at(self.engine, self.path(sid), offset, geo, sid, digests, blocks,
+                                seq, turn, first_pos, durable)
 
-        Data first, then (after fdatasync when ``durable``) the header that
-        commits it, so a crash leaves either a whole segment or a torn one that
-        recovery drops.  ``blocks`` is ``(n, layers, block_layer_bytes)``; the
-        file must already be allocated (``ensure``).  Raises ``NotStoredError``.
-        """
-        lay = geo.layout
-        path = self.path(sid)
-        data = self.engine.alloc(geo.data_bytes)
-        sections = data.reshape(lay.layers, geo.layer_stride)
-        body = sections[:, :geo.layer_bytes].reshape(lay.layers, geo.n_blocks, lay.block_layer_bytes)
-        np.copyto(body, blocks.transpose(1, 0, 2))
-        sections[:, geo.layer_bytes:] = 0
-        hdr = SegmentHeader(sid, seq, max(0, int(turn)), first_pos, digests, block_checksums(body))
-        try:
-            self.engine.write(path, offset + geo.header_bytes, data)
-            if durable:
-                self.engine.sync(path)
-            self.engine.write(path, offset, hdr.encode(lay, geo.alignment))
-            if durable:
-                self.engine.sync(path)
-        except IOEngineError as e:
-            raise NotStoredError(f"segment write to {path} failed: {e}") from None
-        return Segment(offset, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, first_pos)
+    def io_at(self, sid: int, offset: int) -> tuple[str, int]:
+        """(path, offset) the engine reads for ``offset`` of the session."""
+        return self.path(sid), offset
+
+    def load(self, layout, alignment: int, start_empty: bool = False):
+        """Recovery: (sessions, report, {sid: (end of last good segment, file size)});
+        with ``start_empty`` every session file is deleted and nothing is returned."""
+        from collections import Counter
+        if start_empty:
+            for p in list(self.dir.glob("s*.kv")) + list(self.dir.glob("s*.json")):
+                p.unlink()
+            return [], Counter(), {}
+        return load_sessions(self, layout, alignment)
+
+    def zero_at(self, sid: int, offset: int, nbytes: int) -> None:
+        """Overwrite a torn header so that a later scan cannot misread it."""
+        self.engine.write(self.path(sid), offset, np.zeros(nbytes, np.uint8))
+
+    def cleanup(self, known: set[int], rep) -> None:
+        """Delete files of sessions recovery did not keep, and temporary files."""
+        keep = {self.path(sid) for sid in known}
+        for p in self.dir.glob("s*.kv"):
+            if str(p) not in keep:
+                rep["orphan_files"] += 1
+                p.unlink()
+        for p in self.dir.glob("*.tmp"):
+            p.unlink()
+
+    def note_segment(self) -> None:
+        """A segment was committed (nothing to do: files need no checkpoint)."""
+
+    def wants_checkpoint(self) -> bool:
+        return False
+
+    def checkpoint(self, sessions, next_sid: int) -> None:
+        """No-op: each session file carries its own manifest and headers."""
+
+    def close(self) -> None:
+        """Nothing held beyond the engine's descriptors."""

@@ -1,0 +1,325 @@
+"""SSD tier on one region: a raw block device or one pre-sized regular file.
+
+flatcake owns the whole region (``tiers.region_meta`` draws it): a metadata area, then
+``n_extents`` extents.  Each session gets runs of physically contiguous extents, grown
+geometrically (the last run extended in place when the extents after it are free, else
+a new run, first fit) and freed whole on reclaim.  A session's offsets are logical
+(its extents in order); a segment never spans two runs (the writer skips the tail of a
+run that is too short, leaving padding).  ``io_at`` gives the engine (region path,
+physical offset), so the planner sorts and merges reads over one "file".
+
+Durability contract (what recovery relies on):
+
+1. A run is recorded in the allocation journal (``alloc``, with the session's lineage)
+   and, when ``durable``, fdatasync'ed before any segment in it is written; so an
+   acknowledged segment's extents are always found again.  Freeing writes a ``free``
+   record, unsynced (lost, the session comes back whole: its bytes are still valid).
+2. A checkpoint (every ``checkpoint_interval`` segments, when the journal is half full,
+   at ``close``) holds every session, its runs and its committed segments (keys and
+   checksums); it goes to the older of two slots with ``seq + 1`` and is synced.
+3. Start-up loads the newest checkpoint that passes its checksum (a torn one loses to
+   the other copy), checks it against the active layout, replays journal records after
+   it (consecutive ``gen`` only; a run that overlaps an older owner truncates that
+   owner there), then walks each session past its checkpointed end reading segment
+   headers (the expected ``seq``, the right session id; padding skipped only onto the
+   next run) and stops at the first torn one.  Free space is rebuilt from the runs that
+   survive, never from a saved free list.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import numpy as np
+
+from .. import FORMAT_VERSION
+from ..errors import (ConfigError, FlatCakeError, IOEngineError, LayoutMismatchError,
+                      NotStoredError, StoreCorruptError, UnsafeMediumError)
+from ..io.base import ReadCommand
+from ..layout import SegmentGeometry
+from ..recovery import check_store_manifest, store_manifest
+from ..sessions import Segment, Session
+from . import region_meta as rm
+from .extents import ExtentAllocator
+from .medium import open_medium
+from .ssd import write_segment_at
+
+
+class RegionFiles:
+    def __init__(self, config, layout, engine, read_only: bool = False,
+                 max_step_bytes: int = 256 << 20) -> None:
+        self.config, self.layout, self.engine, self.read_only = config, layout, engine, read_only
+        self.durable = config.durable
+        self.medium = open_medium(config.ssd_path, config.ssd_bytes, config.ssd_force, rm.is_region)
+        self.path_ = config.ssd_path
+        self.fresh_sid: int | None = None      # set when this open formatted the region
+        try:
+            a = config.alignment
+            if a % self.medium.block_size:
+                raise ConfigError(f"alignment={a} is not allowed: {self.path_} has logical blocks "
+                                  f"of {self.medium.block_size} bytes; use a multiple of it")
+            self._open_layout()
+        except BaseException:
+            self.close(unlink_new=True)
+            raise
+        self.extent_bytes = self.geo.extent_bytes
+        self.max_step_bytes = max(max_step_bytes, self.extent_bytes)
+        self.capacity_bytes = self.geo.n_extents * self.extent_bytes
+        self.alloc = ExtentAllocator(self.geo.n_extents)
+        self._extents: dict[int, list[int]] = {}          # sid -> physical extents, in order
+        self._owner: dict[int, tuple[int, int]] = {}      # extent -> (sid, logical index)
+        self._lineage: dict[int, Session] = {}            # sid -> session, for journal records
+        self.used_bytes = 0
+        self.gen = self.ckpt_gen = self.ckpt_seq = 0
+        self.segments_since = 0
+        self.next_sid = 1
+        self.loaded = False      # no checkpoint may be written before recovery has finished
+
+    # ---------------------------------------------------------------- medium
+    def _open_layout(self) -> None:
+        got = rm.decode_super(self._read(0, self.config.alignment))
+        manifest = store_manifest(self.layout, self.config.alignment)
+        if got is not None:
+            self.geo, self.uuid, _, stored = got
+            try:
+                check_store_manifest(stored, self.layout, self.config.alignment, self.path_)
+                if self.geo.region_bytes > self.medium.size:
+                    raise StoreCorruptError(f"{self.path_}: region of {self.geo.region_bytes} "
+                                            f"bytes on a medium of {self.medium.size}")
+                return
+            except LayoutMismatchError:
+                if self.read_only or self.config.on_layout_mismatch != "reset":
+                    raise
+        elif self.read_only:
+            raise FlatCakeError(f"{self.path_} holds no flatcake region")
+        self._format(manifest)
+
+    def _format(self, manifest: dict) -> None:
+        a = self.config.alignment
+        geo = rm.Geometry.plan(self.medium.size, a, self.config.extent_bytes, self.layout)
+        if geo.n_extents < 1:
+            raise UnsafeMediumError(
+                f"{self.path_}: a region of {self.medium.size} bytes is too small: the metadata "
+                f"area takes {geo.data_off} bytes and one extent {geo.extent_bytes} more")
+        self.geo, self.uuid = geo, secrets.token_bytes(16)
+        self._write(geo.journal_off, np.zeros(geo.ckpt_off[1] + a - geo.journal_off, np.uint8), 0)
+        self._write(0, rm.encode_super(geo, self.uuid, self.medium.block_size, manifest), 0)
+        self.engine.sync(self.path_)
+        self.fresh_sid = new_sid_base()
+
+    def close(self, unlink_new: bool = False) -> None:
+        created = self.medium.created and unlink_new
+        self.medium.close()
+        if created:
+            self.engine.forget(self.path_)
+            os.unlink(self.path_)
+
+    def _read(self, off: int, n: int) -> bytes:
+        buf = self.engine.alloc(n)
+        self.engine.read([ReadCommand(self.path_, off, n)], [buf])
+        return buf.tobytes()
+
+    def _check(self, off: int, n: int, lo: int, hi: int | None = None) -> None:
+        """Refuse (``FlatCakeError``) any write not inside ``[lo, hi)`` of the region."""
+        hi = self.geo.region_bytes if hi is None else hi
+        if self.read_only or off < lo or off + n > hi or off % self.config.alignment:
+            raise FlatCakeError(f"refused write of {n} bytes at {off} of {self.path_}: "
+                                f"outside [{lo}, {hi}) or read-only")
+
+    def _write(self, off: int, data: np.ndarray, lo: int, hi: int | None = None) -> None:
+        """The only way metadata reaches the medium (segments go through ``_check`` too)."""
+        self._check(off, data.nbytes, lo, hi)
+        self.engine.write(self.path_, off, data)
+
+    # ---------------------------------------------------------------- mapping
+    def path(self, sid: int) -> str:
+        return self.path_
+
+    def file_bytes(self, sid: int) -> int:
+        return len(self._extents.get(sid, ())) * self.extent_bytes
+
+    def _runs(self, sid: int) -> list[tuple[int, int]]:
+        """(logical start byte, logical end byte) of each physically contiguous run."""
+        ex, out, E = self._extents.get(sid, []), [], self.extent_bytes
+        for i, e in enumerate(ex):
+            if i and e == ex[i - 1] + 1:
+                out[-1] = (out[-1][0], (i + 1) * E)
+            else:
+                out.append((i * E, (i + 1) * E))
+        return out
+
+    def io_at(self, sid: int, offset: int) -> tuple[str, int]:
+        return self.path_, self.geo.data_off + self.address(sid, offset)
+
+    def address(self, sid: int, offset: int) -> int:
+        i, r = divmod(offset, self.extent_bytes)
+        return self._extents[sid][i] * self.extent_bytes + r
+
+    def locate(self, flat_offset: int) -> tuple[int, int]:
+        e, r = divmod(flat_offset, self.extent_bytes)
+        sid, i = self._owner[e]
+        return sid, i * self.extent_bytes + r
+
+    # ---------------------------------------------------------------- allocation
+    def open_session(self, s: Session, fsync: bool) -> None:
+        """Remember the lineage; it is made durable in the journal with the first run."""
+        self._lineage[s.sid] = s
+
+    def growth(self, sid: int, offset: int, nbytes: int) -> int:
+        if any(max(offset, a) + nbytes <= b for a, b in self._runs(sid)):
+            return 0
+        return -(-nbytes // self.extent_bytes) * self.extent_bytes
+
+    def ensure(self, sid: int, offset: int, nbytes: int) -> int:
+        """Where a segment of ``nbytes`` at (or after) ``offset`` goes, within one run;
+        allocates a run (journalled, synced) when none has room.  ``NotStoredError``
+        when the region is full (nothing changed)."""
+        E, runs = self.extent_bytes, self._runs(sid)
+        for a, b in runs:
+            if max(offset, a) + nbytes <= b:
+                return max(offset, a)
+        ex = self._extents.get(sid, [])
+        have = len(ex)
+        step = max(1, min(have, self.max_step_bytes // E))           # geometric growth
+        if ex:                                                        # extend the last run
+            c = max(offset, runs[-1][0])
+            need = -(-(c + nbytes - have * E) // E)
+            for cnt in dict.fromkeys((max(need, step), need)):
+                if self._fits(cnt) and self.alloc.take_at(ex[-1] + 1, cnt):
+                    self._add_run(sid, ex[-1] + 1, cnt)
+                    return c
+        need = -(-nbytes // E)
+        for cnt in dict.fromkeys((max(need, step), need)):
+            start = self.alloc.take(cnt) if self._fits(cnt) else None
+            if start is not None:
+                self._add_run(sid, start, cnt)
+                return have * E
+        raise NotStoredError(f"SSD region full: no free run of {need} extents "
+                             f"({self.used_bytes} of {self.capacity_bytes} bytes used, largest "
+                             f"free run {self.alloc.largest()} extents)")
+
+    def _fits(self, count: int) -> bool:
+        return self.used_bytes + count * self.extent_bytes <= self.capacity_bytes
+
+    def _add_run(self, sid: int, start: int, count: int) -> None:
+        ex = self._extents.setdefault(sid, [])
+        s = self._lineage.get(sid)
+        rec = rm.JournalRecord(self.gen + 1, rm.ALLOC, sid, start, count, len(ex),
+                               s.parent if s else None, s.parent_blocks if s else 0,
+                               s.created if s else 0.0, s.label if s else "")
+        try:
+            self._journal(rec, sync=self.durable)
+        except (IOEngineError, FlatCakeError) as e:
+            self.alloc.give(start, count)
+            if not ex:
+                del self._extents[sid]
+            raise NotStoredError(f"cannot record an extent run in {self.path_}: {e}") from None
+        self._map(sid, start, count)
+
+    def _map(self, sid: int, start: int, count: int) -> None:
+        ex = self._extents.setdefault(sid, [])
+        for e in range(start, start + count):
+            self._owner[e] = (sid, len(ex))
+            ex.append(e)
+        self.used_bytes += count * self.extent_bytes
+
+    def _journal(self, rec: rm.JournalRecord, sync: bool) -> None:
+        if rec.gen - self.ckpt_gen > self.geo.journal_slots:
+            raise NotStoredError("allocation journal full (a checkpoint is overdue)")
+        a = self.config.alignment
+        off = self.geo.journal_off + (rec.gen % self.geo.journal_slots) * a
+        self._write(off, rm.encode_record(rec, self.uuid, a), self.geo.journal_off,
+                    self.geo.journal_off + self.geo.journal_slots * a)
+        if sync:
+            self.engine.sync(self.path_)
+        self.gen = rec.gen
+
+    def release(self, sid: int) -> None:
+        """Free the session's runs whole (a ``free`` record, not synced)."""
+        ex = self._extents.pop(sid, [])
+        self._lineage.pop(sid, None)
+        for e in ex:
+            del self._owner[e]
+        for start, count in _group(ex):
+            self.alloc.give(start, count)
+        self.used_bytes -= len(ex) * self.extent_bytes
+        if ex and not self.read_only and self.gen + 1 - self.ckpt_gen <= self.geo.journal_slots:
+            self._journal(rm.JournalRecord(self.gen + 1, rm.FREE, sid), sync=False)
+
+    # ---------------------------------------------------------------- writes
+    def write_segment(self, sid: int, offset: int, geo: SegmentGeometry, digests, blocks, seq: int,
+                      turn: int, first_pos: int, durable: bool) -> Segment:
+        """Write one segment inside one of the session's runs (``ensure`` placed it)."""
+        run = [(a, b) for a, b in self._runs(sid) if a <= offset and offset + geo.total_bytes <= b]
+        if not run:
+            raise FlatCakeError(f"segment at {offset}+{geo.total_bytes} of session {sid} is not "
+                                "inside one of its runs")
+        phys = self.io_at(sid, offset)[1]
+        self._check(phys, geo.total_bytes, self.geo.data_off)
+        return write_segment_at(self.engine, self.path_, phys, geo, sid, digests, blocks, seq,
+                                turn, first_pos, durable, logical_offset=offset)
+
+    def zero_at(self, sid: int, offset: int, nbytes: int) -> None:
+        if any(a <= offset and offset + nbytes <= b for a, b in self._runs(sid)):
+            self._write(self.io_at(sid, offset)[1], np.zeros(nbytes, np.uint8), self.geo.data_off)
+
+    def adopt(self, sid: int, size: int) -> None:
+        """Nothing to do: recovery mapped the session's runs already."""
+
+    def cleanup(self, known: set[int], rep) -> None:
+        """Nothing to delete: space not owned by a kept session is already free."""
+
+    # ---------------------------------------------------------------- checkpoints
+    def note_segment(self) -> None:
+        self.segments_since += 1
+
+    def wants_checkpoint(self) -> bool:
+        iv = self.config.checkpoint_interval
+        return (bool(iv) and self.segments_since >= iv) or \
+            self.gen - self.ckpt_gen >= self.geo.journal_slots // 2
+
+    def checkpoint(self, sessions, next_sid: int) -> None:
+        """Write every session with runs to the older slot (seq + 1) and sync it."""
+        if self.read_only or not self.loaded:
+            return
+        by_sid = {s.sid: s for s in sessions}
+        out = []
+        for sid, ex in self._extents.items():
+            s = by_sid.get(sid) or self._lineage.get(sid)
+            if s is None:
+                continue
+            out.append(rm.CkSession(sid, s.parent, s.parent_blocks, s.created, s.last_used, s.label,
+                                    _group(ex), [rm.CkSegment(g.offset, g.seq, g.turn, g.first_pos,
+                                                              g.digests, g.checksums)
+                                                 for g in s.segments]))
+        ck = rm.Checkpoint(self.ckpt_seq + 1, self.gen, max(next_sid, self.next_sid), out)
+        buf = rm.encode_checkpoint(ck, self.layout, self.config.alignment, FORMAT_VERSION,
+                                   self.uuid, self.geo.ckpt_bytes)
+        off = self.geo.ckpt_off[ck.seq % 2]
+        self._write(off, buf, off, off + self.geo.ckpt_bytes)
+        self.engine.sync(self.path_)
+        self.ckpt_seq, self.ckpt_gen, self.segments_since = ck.seq, ck.gen, 0
+
+    # ---------------------------------------------------------------- recovery
+    def load(self, layout, alignment: int, start_empty: bool = False):
+        from .region_recovery import recover
+        return recover(self, start_empty)
+
+
+def new_sid_base() -> int:
+    """A random first session id for a new region: headers left by an earlier region on
+    the same medium then never match a live session."""
+    return (secrets.randbits(30) << 24) + 1
+
+
+def _group(ex: list[int]) -> list[tuple[int, int]]:
+    """Consecutive extent numbers as (start, count) runs, in order."""
+    out: list[list[int]] = []
+    for e in ex:
+        if out and e == out[-1][0] + out[-1][1]:
+            out[-1][1] += 1
+        else:
+            out.append([e, 1])
+    return [(a, b) for a, b in out]
+
