@@ -111,6 +111,15 @@ def test_systems_pick_their_policy_and_bad_names_are_refused():
     assert SYSTEMS["flatcake"].policy == "two-queue"
     assert SYSTEMS["flatcake-single-queue"].policy == "fcfs"
     assert all(SYSTEMS[s].policy == "fcfs" for s in ("tiered-lru", "mooncake-fifo", "memory-only"))
-    assert set(POLICIES) == {"fcfs", "two-queue"} and isinstance(make_policy("fcfs"), FCFS)
-    with pytest.raises(ValueError, match="valid: fcfs, two-queue"):
+    assert set(POLICIES) == {"fcfs", "two-queue", "head-only"}
+    assert isinstance(make_policy("fcfs"), FCFS)
+    with pytest.raises(ValueError, match="valid: fcfs, two-queue, head-only"):
         make_policy("lifo")
+
+
+@pytest.mark.parametrize("policy,start", [("fcfs", 0.1), ("head-only", 2.0)])
+def test_head_only_restores_nothing_in_the_background(policy, start):
+    # 1 (1 GB) arrives while 0 (2 GB) restores: FCFS reads it at once, head-only once 0 has left
+    st, _ = run(make_policy(policy), {0: 2.0, 1: 1.0, 2: 0.0}, [0.0, 0.1, 0.2], [100] * 3)
+    assert st[1].prefetch_start == pytest.approx(start)
+    assert order(st) == [0, 1, 2]                      # both keep arrival order for prefills

@@ -92,11 +92,13 @@ class TwoQueue(Policy):
     """
 
     name = "two-queue"
+    single_queue = False
 
     def __init__(self, budget_bytes: float | None = None) -> None:
         self._now = 0.0
         self.core = TwoQueuePolicy(lambda: self._now,
-                                   float("inf") if budget_bytes is None else budget_bytes)
+                                   float("inf") if budget_bytes is None else budget_bytes,
+                                   single_queue=self.single_queue)
         self._states: dict[str, RequestState] = {}
         self._seq = 0
 
@@ -125,7 +127,16 @@ class TwoQueue(Policy):
         return None if rid is None else self._states.pop(rid)
 
 
-POLICIES: dict[str, type[Policy]] = {"fcfs": FCFS, "two-queue": TwoQueue}
+class HeadOnly(TwoQueue):
+    """What-if, the seed's one-queue design read literally: one FCFS queue whose head
+    alone restores, one restore at a time, so nothing is prefetched in the background
+    (``queues.TwoQueuePolicy(single_queue=True)``; the budget plays no part)."""
+
+    name = "head-only"
+    single_queue = True
+
+
+POLICIES: dict[str, type[Policy]] = {"fcfs": FCFS, "two-queue": TwoQueue, "head-only": HeadOnly}
 
 
 def make_policy(name: str, budget_bytes: float | None = None) -> Policy:
