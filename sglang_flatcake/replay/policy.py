@@ -14,7 +14,7 @@ free and asks the policy which request gets each.  The contract:
   None to leave the GPU idle until the next ``ready``.
 
 ``budget_bytes`` (full-size bytes, ``None`` = no limit) caps the restore bytes
-in flight at once, for every policy alike; a restore larger than the whole
+in flight at once, for fcfs and two-queue alike; a restore larger than the whole
 budget starts alone once nothing else is in flight.
 """
 
