@@ -78,11 +78,14 @@ class TwoQueuePolicy:
         return 1.0 + (self.clock() - r.enqueued_at) / max(r.ssd_bytes / self.kv_unit_bytes, 1e-12)
 
     # -- prefetch --------------------------------------------------------------------
-    def start_prefetches(self) -> list[str]:
-        """Requests whose prefetch should start now (highest priority first, within budget).
+    def start_prefetches(self, limit: int | None = None) -> list[str]:
+        """Requests whose prefetch should start now (highest priority first, within budget),
+        at most ``limit`` of them (``None``: no limit; e.g. the free restore streams).
 
         Never cancels anything; a request that does not fit keeps waiting.
         """
+        if limit is not None and limit <= 0:
+            return []
         if self.single_queue:
             head = self._fifo[0] if self._fifo else None
             if head is not None and head.state == "preparing" and not self._inflight:
@@ -102,6 +105,8 @@ class TwoQueuePolicy:
             self._inflight[rid] = r
             used += r.ssd_bytes
             started.append(rid)
+            if limit is not None and len(started) >= limit:
+                break
         return started
 
     def prefetch_done(self, rid: str) -> None:

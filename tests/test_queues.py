@@ -104,3 +104,14 @@ def test_no_starvation_of_a_large_request():
 def test_bad_budget_refused():
     with pytest.raises(ValueError, match="budget_bytes"):
         TwoQueuePolicy(Clock(), budget_bytes=0)
+
+
+def test_limit_caps_how_many_start_at_once():
+    c = Clock()
+    q = TwoQueuePolicy(c, budget_bytes=10 * GB)
+    for i, rid in enumerate("abc"):
+        q.arrive(rid, i, GB)
+    assert q.start_prefetches(limit=0) == []
+    assert q.start_prefetches(limit=2) == ["a", "b"]       # ties: earlier arrival first
+    assert q.requests["c"].state == "preparing"
+    assert q.start_prefetches() == ["c"]

@@ -58,7 +58,7 @@ def test_same_seed_same_rows(tmp_path):
 
 
 def test_errors_are_clear(tmp_path):
-    with pytest.raises(FlatCakeError, match="valid: flatcake, tiered-lru"):
+    with pytest.raises(FlatCakeError, match="valid: flatcake, flatcake-single-queue, tiered-lru"):
         replay_run.run(args_for(tmp_path, "--systems", "flatcake,nope"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{oops\n')
@@ -66,3 +66,38 @@ def test_errors_are_clear(tmp_path):
         replay_run.run(args_for(tmp_path, "--trace", str(bad)))
     with pytest.raises(FlatCakeError, match="--rates"):
         replay_run.run(args_for(tmp_path, "--rates", "0,1"))
+
+
+def test_ablation_both_flatcake_systems_side_by_side(tmp_path, capsys):
+    a = args_for(tmp_path, "--systems", "flatcake,flatcake-single-queue", "--plot", "")
+    assert a.systems == "flatcake,flatcake-single-queue"
+    defaults = args_for(tmp_path)
+    assert defaults.systems.split(",")[:2] == ["flatcake", "flatcake-single-queue"]
+    assert defaults.policy == "auto" and defaults.prefetch_budget_gb > 0
+    assert replay_run.run(a) == 0
+    out, _ = capsys.readouterr()
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert [(r["system"], r["rate"]) for r in doc["rows"]] == [
+        ("flatcake", 0.5), ("flatcake-single-queue", 0.5),
+        ("flatcake", 1.0), ("flatcake-single-queue", 1.0)]
+    assert doc["config"]["policies"] == {"flatcake": "two-queue", "flatcake-single-queue": "fcfs"}
+    by = {(r["system"], r["rate"]): r for r in doc["rows"]}
+    assert [d["rate"] for d in doc["ablation"]] == [0.5, 1.0]
+    for d in doc["ablation"]:
+        two, one = by[("flatcake", d["rate"])], by[("flatcake-single-queue", d["rate"])]
+        assert d["two_queue_ttft_s_p99"] == two["ttft_s_p99"]
+        assert d["single_queue_ttft_s_p99"] == one["ttft_s_p99"]
+        assert two["hit_rate_max"] == one["hit_rate_max"]
+    assert "flatcake-single-queue" in out and "FC-MAS ablation" in out
+    assert out.count("\n  rate ") == 2
+
+
+def test_forcing_one_policy_on_every_system(tmp_path):
+    a = args_for(tmp_path, "--systems", "flatcake,memory-only", "--rates", "1", "--plot", "",
+                 "--policy", "fcfs")
+    assert replay_run.run(a) == 0
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["config"]["policies"] == {"flatcake": "fcfs", "memory-only": "fcfs"}
+    assert doc["ablation"] == []
+    with pytest.raises(FlatCakeError, match="--prefetch-budget-gb"):
+        replay_run.run(args_for(tmp_path, "--prefetch-budget-gb", "0"))

@@ -139,6 +139,7 @@ class Replayer:
             dur = rs.h2d_full_bytes / (self.gpu.h2d_gib_s * GIB) + recompute / self.gpu.prefill_tps
             self._running += 1
             self.loop.after(dur, self._prefilled, rs)
+            self._pump_restores()     # a policy may let a restore start once the head has moved
 
     def _prefilled(self, rs: RequestState) -> None:
         now = self.loop.now

@@ -27,13 +27,47 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join([line(head), line(["-" * x for x in w])] + [line(b) for b in body])
 
 
-def write_json(path: str | Path, rows: Sequence[dict], config: dict, details: Sequence[dict]) -> None:
-    """``{"rows": [...], "config": {...}, "details": [...]}``; every row has exactly ``FIELDS``."""
+def ablation(rows: Sequence[dict], two: str = "flatcake",
+             one: str = "flatcake-single-queue") -> list[dict]:
+    """FC-MAS ablation per rate where both systems ran: TTFT mean and P99 of the two
+    queues (``two``) and the single queue (``one``), and how much lower two's are
+    (``(one - two) / one``; negative: two queues were slower).  ``[]`` if either is absent."""
+    by = {(r["system"], r["rate"]): r for r in rows}
+    out = []
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        a, b = by.get((two, rate)), by.get((one, rate))
+        if a is None or b is None:
+            continue
+        d = {"rate": rate}
+        for k in ("ttft_s_mean", "ttft_s_p99"):
+            d[f"two_queue_{k}"], d[f"single_queue_{k}"] = a[k], b[k]
+            d[f"{k}_lower"] = (b[k] - a[k]) / b[k] if a[k] is not None and b[k] else None
+        out.append(d)
+    return out
+
+
+def format_ablation(abl: Sequence[dict]) -> str:
+    """One line per rate: two-queue vs single-queue TTFT mean and P99 (seconds)."""
+    pct = lambda x: "-" if x is None else f"{x:+.1%}"   # noqa: E731
+    lines = ["FC-MAS ablation (flatcake two queues vs flatcake-single-queue), TTFT s:"]
+    for d in abl:
+        lines.append(f"  rate {d['rate']:g}: mean {d['two_queue_ttft_s_mean']:.3f} vs "
+                     f"{d['single_queue_ttft_s_mean']:.3f} ({pct(d['ttft_s_mean_lower'])} lower), "
+                     f"P99 {d['two_queue_ttft_s_p99']:.3f} vs {d['single_queue_ttft_s_p99']:.3f} "
+                     f"({pct(d['ttft_s_p99_lower'])} lower)")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, rows: Sequence[dict], config: dict, details: Sequence[dict],
+               abl: Sequence[dict] = ()) -> None:
+    """``{"rows": [...], "config": {...}, "details": [...], "ablation": [...]}``; every row
+    has exactly ``FIELDS``; ``ablation`` is ``ablation(rows)`` (may be empty)."""
     for r in rows:
         if tuple(r) != FIELDS:
             raise ValueError(f"row fields {tuple(r)} differ from {FIELDS}")
     Path(path).write_text(json.dumps({"rows": list(rows), "config": config,
-                                      "details": list(details)}, indent=1) + "\n")
+                                      "details": list(details), "ablation": list(abl)},
+                                     indent=1) + "\n")
 
 
 def plot(path: str | Path, rows: Sequence[dict], title: str) -> None:

@@ -11,21 +11,25 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 
+from ..config import FlatCakeConfig
 from ..errors import FlatCakeError
 from .clock import EventLoop, SharedDisk
 from .metrics import infinite_cache_hits, summarize
 from .policy import POLICIES, make_policy
 from .replayer import Replayer
-from .report import format_table, plot, write_json
+from .report import ablation, format_ablation, format_table, plot, write_json
 from .sizes import DISKS, GPUS, MODELS, ModelPreset, make_sizing
 from .systems import SYSTEMS, SystemContext, make_system, parse_systems, unavailable_reason
 from .traces import FORMATS, arrivals, load_trace
 
 BUNDLED = "weka_claude_code_slice.tar.xz"
-DEFAULT_SYSTEMS = "flatcake,tiered-lru,mooncake-fifo,memory-only,sglang-file"
+# the server's default (``FlatCakeConfig.prefetch_budget_bytes``), so the replay models it
+PREFETCH_BUDGET_GB = {f.name: f.default for f in fields(FlatCakeConfig)}["prefetch_budget_bytes"] / 1e9
+DEFAULT_SYSTEMS = "flatcake,flatcake-single-queue,tiered-lru,mooncake-fifo,memory-only,sglang-file"
 
 
 def bundled_trace() -> Path:
@@ -43,9 +47,14 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("systems and load")
     g.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma list of {', '.join(SYSTEMS)}")
     g.add_argument("--rates", default="0.1,0.25,0.5,1.0", help="requests per second, comma list")
-    g.add_argument("--policy", default="fcfs", choices=sorted(POLICIES))
+    g.add_argument("--policy", default="auto", choices=["auto", *sorted(POLICIES)],
+                   help="scheduler for every system; auto (default): each system's own "
+                        "(flatcake two-queue, the others fcfs)")
     g.add_argument("--max-prefills", type=int, default=1, help="concurrent prefills (default 1)")
     g.add_argument("--streams", type=int, default=2, help="flatcake concurrent restores (default 2)")
+    g.add_argument("--prefetch-budget-gb", type=float, default=PREFETCH_BUDGET_GB,
+                   help="flatcake systems: full-size restore GB in flight at once; a restore that "
+                        "does not fit waits (default %(default).3g, the server's)")
     g.add_argument("--chunk-blocks", type=int, default=128,
                    help="tiered prefetch batch in blocks (default 128, SGLang's)")
     g.add_argument("--recent-s", type=float, default=30.0,
@@ -85,6 +94,10 @@ def _floats(text: str, name: str) -> list[float]:
     return vals
 
 
+def _policy_name(choice: str, system: str) -> str:
+    return SYSTEMS[system].policy if choice == "auto" else choice
+
+
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -92,6 +105,7 @@ def _say(msg: str) -> None:
 def run(args) -> int:
     t_start = time.monotonic()
     rates = _floats(args.rates, "--rates")
+    budget = _floats(str(args.prefetch_budget_gb), "--prefetch-budget-gb")[0] * 1e9
     try:
         systems = parse_systems(args.systems)
     except ValueError as e:
@@ -124,7 +138,9 @@ def run(args) -> int:
         "staging_gb": staging / sizing.scale / 1e9,
         "mean_history_gb": blocks / len(trace.requests) * sizing.full_block_bytes / 1e9,
         "gpu": vars(gpu), "disk": vars(disk_model), "policy": args.policy,
+        "policies": {s: _policy_name(args.policy, s) for s in systems},
         "max_prefills": args.max_prefills, "streams": args.streams,
+        "prefetch_budget_gb": budget / 1e9,
         "chunk_blocks": args.chunk_blocks, "recent_s": args.recent_s, "seed": args.seed,
         "rates": rates, "systems": systems,
     }
@@ -156,7 +172,8 @@ def run(args) -> int:
                 loop = EventLoop()
                 disk = SharedDisk(loop)
                 ctx = SystemContext(loop, disk, disk_model, sizing, mem, ssd, staging, root,
-                                    args.seed, args.chunk_blocks, args.streams, args.io_threads)
+                                    args.seed, args.chunk_blocks, args.streams, args.io_threads,
+                                    prefetch_budget_bytes=budget)
                 system = make_system(name)
                 t0 = time.monotonic()
 
@@ -165,7 +182,8 @@ def run(args) -> int:
                          f"virtual {now:.0f} s, wall {time.monotonic() - t0:.1f} s")
                 try:
                     system.open(ctx)
-                    states = Replayer(trace, nominal, system, make_policy(args.policy), gpu, loop,
+                    policy = make_policy(_policy_name(args.policy, name), system.prefetch_budget)
+                    states = Replayer(trace, nominal, system, policy, gpu, loop,
                                       args.max_prefills, args.recent_s, progress).run()
                     extra = system.stats()
                 finally:
@@ -186,15 +204,18 @@ def run(args) -> int:
         if not args.dir and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     print(format_table(rows))
+    abl = ablation(rows)
+    if abl:
+        print(format_ablation(abl))
     written = sum(d["real_bytes_written"] for d in details)
     config["wall_s"] = round(time.monotonic() - t_start, 1)
     config["real_bytes_written_total"] = written
     if args.json:
-        write_json(args.json, rows, config, details)
+        write_json(args.json, rows, config, details, abl)
     if args.plot:
         try:
             plot(args.plot, rows, f"{trace.name}: {model.name}, memory {config['memory_gb']:.1f} GB, "
-                                  f"SSD {config['ssd_gb']:.1f} GB, disk {disk_model.name}, {args.policy}")
+                                  f"SSD {config['ssd_gb']:.1f} GB, disk {disk_model.name}")
         except ImportError as e:
             _say(f"  plot skipped: {e} (pip install 'sglang-flatcake[plot]')")
             args.plot = None

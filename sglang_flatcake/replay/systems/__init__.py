@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 from .base import DataPool, IoCounters, RequestState, System, SystemContext
-from .flatcake import FlatCake
+from .flatcake import FlatCake, FlatCakeSingleQueue
 from .sglang_file import SglangFile, unavailable_reason
 from .tiered import MemoryOnly, MooncakeFIFO, TieredLRU
 
 SYSTEMS: dict[str, type[System]] = {
     "flatcake": FlatCake,
+    "flatcake-single-queue": FlatCakeSingleQueue,
     "tiered-lru": TieredLRU,
     "mooncake-fifo": MooncakeFIFO,
     "memory-only": MemoryOnly,
@@ -33,6 +34,6 @@ def make_system(name: str) -> System:
     return SYSTEMS[name]()
 
 
-__all__ = ["SYSTEMS", "DataPool", "FlatCake", "IoCounters", "MemoryOnly", "MooncakeFIFO",
-           "RequestState", "SglangFile", "System", "SystemContext", "TieredLRU", "make_system",
-           "parse_systems", "unavailable_reason"]
+__all__ = ["SYSTEMS", "DataPool", "FlatCake", "FlatCakeSingleQueue", "IoCounters", "MemoryOnly",
+           "MooncakeFIFO", "RequestState", "SglangFile", "System", "SystemContext", "TieredLRU",
+           "make_system", "parse_systems", "unavailable_reason"]

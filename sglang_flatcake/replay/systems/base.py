@@ -5,7 +5,9 @@ request, in virtual-time order, the replayer calls:
 
 1. ``lookup(rs)`` at arrival: find the leading run of the request's blocks the
    system holds, pin what must not go away, set ``rs.n_found`` and
-   ``rs.needs_restore`` (True when any of those blocks is on SSD).
+   ``rs.needs_restore`` (True when any of those blocks is on SSD) and, when it
+   is, ``rs.restore_bytes`` (full-size bytes to read from SSD; the two-queue
+   policy orders and budgets prefetches by it).
 2. ``start_restore(rs, done)`` (only if ``needs_restore``, when the policy gives
    the request one of ``restore_slots``): read the SSD blocks, with real I/O
    submitted now and waited for when the disk job ends in virtual time; call
@@ -45,6 +47,7 @@ class RequestState:
     arrival: float
     n_found: int = 0              # leading blocks held at arrival
     needs_restore: bool = False
+    restore_bytes: float = 0.0    # full-size KV bytes the restore reads (set by lookup)
     prefetch_start: float | None = None
     prefetch_end: float | None = None
     cancelled: bool = False
@@ -85,6 +88,7 @@ class SystemContext:
     streams: int = 2              # flatcake: concurrent restores
     io_threads: int = 4
     bucket_blocks: int | None = None   # mooncake-fifo bucket size (None: Mooncake's, full size)
+    prefetch_budget_bytes: float | None = None   # flatcake: restore bytes in flight (full size)
 
 
 class DataPool:
@@ -109,6 +113,8 @@ class System(abc.ABC):
 
     name: str = "base"
     restore_slots: int | None = None     # concurrent restores; None = every request at once
+    policy: str = "fcfs"                 # scheduler policy (``policy.POLICIES``) by default
+    prefetch_budget: float | None = None # full-size restore bytes in flight; None = no cap
     wants_refcounts: bool = False        # the replayer computes per-block refcounts only if set
 
     def __init__(self) -> None:

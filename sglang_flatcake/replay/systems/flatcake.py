@@ -49,15 +49,17 @@ class FlatCake(System):
     finished in the last ``recent_s`` seconds that contain it).  Memory gets shared
     prefixes and later turns after short replies while it has room; everything
     else goes straight to the SSD, each session's blocks in one file, one
-    layer-major segment per write.  Blocks never move.  A request whose reused
-    blocks are all in memory is ready at once; one that needs the SSD waits for
-    one of ``streams`` restore streams (FCFS for now), then reads its history with
-    merged, layer-split commands straight into place (no staging buffer, so
-    nothing is ever cancelled).  Full media reclaim whole sessions, least recently
-    used first, never one that a request is reading.
+    layer-major segment per write.  Blocks never move.  Scheduling is FC-MAS
+    (``policy.TwoQueue``): a request whose reused blocks are all in memory is
+    ready at once; one that needs the SSD waits in the SSD-preparing queue for
+    one of ``streams`` restore streams and room in the prefetch budget, then
+    reads its history with merged, layer-split commands straight into place (no
+    staging buffer, so nothing is ever cancelled).  Full media reclaim whole
+    sessions, least recently used first, never one that a request is reading.
     """
 
     name = "flatcake"
+    policy = "two-queue"
     wants_refcounts = True
 
     def open(self, ctx: SystemContext) -> None:
@@ -72,6 +74,7 @@ class FlatCake(System):
         if hasattr(self.store.ssd, "max_step_bytes"):
             self.store.ssd.max_step_bytes = max(extent, int((256 << 20) * s.scale) // 4096 * 4096)
         self.restore_slots = ctx.streams
+        self.prefetch_budget = ctx.prefetch_budget_bytes
         self.pool = DataPool(s.block_bytes, ctx.seed)
         self._threads = ThreadPoolExecutor(max_workers=ctx.streams,
                                            thread_name_prefix="replay-restore")
@@ -89,11 +92,14 @@ class FlatCake(System):
             r = _Restore(st._resolve(rs.keys, pin=True))
             rs.n_found = r.res.n
             rs.needs_restore = bool(r.res.reads)
+            n_ssd = len(r.res.ssd)
         else:
             r = _Restore(None)
             locs = st.locate(rs.keys[:st.exists(rs.keys)])
             rs.n_found = len(locs)
-            rs.needs_restore = any(a.medium != 0 for a in locs)
+            n_ssd = sum(1 for a in locs if a.medium != 0)
+            rs.needs_restore = n_ssd > 0
+        rs.restore_bytes = n_ssd * self.ctx.sizing.full_block_bytes if rs.needs_restore else 0.0
         rs.sys = r
         if not rs.needs_restore:      # all in memory: copy now, ready at once
             self._read_now(rs, r)
@@ -202,3 +208,13 @@ class FlatCake(System):
     def close(self) -> None:
         self._threads.shutdown(wait=True)
         self.store.close()
+
+
+class FlatCakeSingleQueue(FlatCake):
+    """flatcake-single-queue: the FC-MAS ablation, the same store, placement,
+    streams and prefetch budget as ``flatcake`` under one first-come first-served
+    queue (``policy.FCFS``), so an SSD restore at the head holds back the memory
+    hits behind it."""
+
+    name = "flatcake-single-queue"
+    policy = "fcfs"

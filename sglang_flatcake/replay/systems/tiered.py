@@ -137,6 +137,7 @@ class TieredSystem(System):
                 break
         rs.n_found = len(mem_keys) + len(ssd_pos)
         rs.needs_restore = bool(ssd_pos)
+        rs.restore_bytes = len(ssd_pos) * self.ctx.sizing.full_block_bytes
         if ssd_pos:            # a storage prefetch protects the host part of the prefix
             for k in mem_keys:
                 self.mem.pin(k)
