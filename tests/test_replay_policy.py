@@ -109,7 +109,7 @@ def test_a_restore_over_the_whole_budget_runs_alone():
 
 def test_systems_pick_their_policy_and_bad_names_are_refused():
     assert SYSTEMS["flatcake"].policy == "two-queue"
-    assert SYSTEMS["flatcake-single-queue"].policy == "fcfs"
+    assert SYSTEMS["flatcake-single-queue"].policy == "head-only"
     assert all(SYSTEMS[s].policy == "fcfs" for s in ("tiered-lru", "mooncake-fifo", "memory-only"))
     assert set(POLICIES) == {"fcfs", "two-queue", "head-only"}
     assert isinstance(make_policy("fcfs"), FCFS)

@@ -80,7 +80,7 @@ def test_ablation_both_flatcake_systems_side_by_side(tmp_path, capsys):
     assert [(r["system"], r["rate"]) for r in doc["rows"]] == [
         ("flatcake", 0.5), ("flatcake-single-queue", 0.5),
         ("flatcake", 1.0), ("flatcake-single-queue", 1.0)]
-    assert doc["config"]["policies"] == {"flatcake": "two-queue", "flatcake-single-queue": "fcfs"}
+    assert doc["config"]["policies"] == {"flatcake": "two-queue", "flatcake-single-queue": "head-only"}
     by = {(r["system"], r["rate"]): r for r in doc["rows"]}
     assert [d["rate"] for d in doc["ablation"]] == [0.5, 1.0]
     for d in doc["ablation"]:

@@ -119,3 +119,25 @@ def test_merged_extra_config():
     with pytest.raises(ConfigError, match="not flatcake"):
         merged_extra_config("file", None, {"memory_bytes": "1GiB"})
     assert merged_extra_config("file", '{"a": 1}', {}) == '{"a": 1}'
+
+
+def test_each_rank_gets_its_own_ssd_region(tmp_path):
+    from sglang_flatcake.errors import ConfigError
+    from sglang_flatcake.sglang.backend import rank_ssd_path
+    two = [storage_config(tmp_path, tp_rank=r, tp_size=2) for r in range(2)]
+    assert [rank_ssd_path(str(tmp_path / "r{rank}.img"), c) for c in two] == \
+        [str(tmp_path / "r0.img"), str(tmp_path / "r1.img")]
+    assert [rank_ssd_path("/a.img, /b.img", c) for c in two] == ["/a.img", "/b.img"]
+    with pytest.raises(ConfigError, match="one region for 2 ranks"):
+        rank_ssd_path("/a.img", two[0])
+    with pytest.raises(ConfigError, match="lists 3 paths for 2 ranks"):
+        rank_ssd_path("/a,/b,/c", two[1])
+    # two ranks, each on its own pre-sized file, open side by side
+    stores = [FlatCakeStorage(storage_config(tmp_path, r, 2, ssd_path=str(tmp_path / "r{rank}.img"),
+                                             ssd_bytes="64MiB"), host_pool()) for r in range(2)]
+    assert {s.config.ssd_path for s in stores} == {str(tmp_path / "r0.img"), str(tmp_path / "r1.img")}
+    keys = chain(3, "r")
+    for s in stores:
+        s.batch_set_v1(keys, token_indices([0, 1, 2]))
+        assert s.batch_exists(keys) == 3
+        s.close()

@@ -87,6 +87,25 @@ def rank_dir(root: str, cfg: Any) -> Path:
     return Path(root) / model / "_".join(parts)
 
 
+def rank_ssd_path(path: str, cfg: Any) -> str:
+    """This rank's device or file: ``{rank}`` in ``path`` becomes the global rank number, or
+    a comma list gives one path per rank; one plain path serves a single rank only."""
+    rank = (getattr(cfg, "pp_rank", 0) or 0) * cfg.tp_size + cfg.tp_rank
+    ranks = cfg.tp_size * (getattr(cfg, "pp_size", 1) or 1)
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    parts = [p.strip() for p in path.split(",")]
+    if len(parts) > 1:
+        if len(parts) != ranks:
+            raise ConfigError(f"--flatcake-ssd-path lists {len(parts)} paths for {ranks} ranks; "
+                              f"give one per rank, or one path with {{rank}}")
+        return parts[rank]
+    if ranks > 1:
+        raise ConfigError(f"--flatcake-ssd-path={path!r} is one region for {ranks} ranks; "
+                          f"give one per rank (a comma list) or a path with {{rank}}")
+    return path
+
+
 class FlatCakeStorage(HiCacheStorage):
     """HiCache storage backend; construct with ``(storage_config, mem_pool_host)``."""
 
@@ -100,6 +119,10 @@ class FlatCakeStorage(HiCacheStorage):
         root = (self.config.store_dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
                 or rest.get("file_storage_path") or "/tmp/flatcake")
         self.dir = rank_dir(root, storage_config)
+        if self.config.ssd_path:
+            import dataclasses
+            self.config = dataclasses.replace(
+                self.config, ssd_path=rank_ssd_path(self.config.ssd_path, storage_config))
         self.store: Optional[FlatCakeStore] = None
         self.pages: Optional[HostPages] = None
         self.mem_pool_host = None

@@ -42,6 +42,7 @@ log = logging.getLogger("sglang_flatcake")
 
 # A test hook: seconds of extra delay per MiB of SSD bytes in each restore (never set in production).
 DELAY_ENV = "FLATCAKE_TEST_SSD_DELAY_S_PER_MIB"
+WINDOW_BYTES = 64 << 20          # one window buffer on a GPU; larger layers are read in pieces
 
 
 @dataclass
@@ -86,6 +87,15 @@ class DirectRestorer:
             self.dest_k, self.dest_v = list(kv.k_buffer), list(kv.v_buffer)
         else:
             self.dest_k, self.dest_v = list(kv.kv_buffer), None
+        self.window = None
+        if getattr(self.dest_k[0], "is_cuda", False):
+            # a GPU: SSD bytes land in a device window (kvikio) and are scattered there
+            from ..io import make_window_engine
+            from ..window import LayerWindow
+            cfg = self.backend.config
+            engine, device = make_window_engine(cfg.io_engine, "cuda", cfg.alignment,
+                                                cfg.io_threads)
+            self.window = LayerWindow(engine, WINDOW_BYTES, cfg.window_layers, device=device)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-restore")
         from ..scatter import warm_up
         self.pool.submit(warm_up)              # compile the CPU scatter before the first restore
@@ -113,6 +123,12 @@ class DirectRestorer:
         kv = scheduler.token_to_kv_pool_allocator.get_kvcache()
         if not (hasattr(kv, "k_buffer") or hasattr(kv, "kv_buffer")):
             return f"the device pool {type(kv).__name__} has no per-layer KV buffers"
+        first = (kv.k_buffer if hasattr(kv, "k_buffer") else kv.kv_buffer)[0]
+        if getattr(first, "is_cuda", False):
+            from ..io.kvikio_engine import kvikio_usable
+            ok, why = kvikio_usable()
+            if not ok:
+                return f"device KV is on CUDA but kvikio cannot read into it ({why})"
         return None
 
     # -- 1. lookup --------------------------------------------------------------------
@@ -185,7 +201,8 @@ class DirectRestorer:
         def work():
             if delay:
                 time.sleep(delay)
-            return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots)
+            return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots,
+                                          window=self.window)
 
         flow.future = self.pool.submit(work)
 
@@ -241,3 +258,5 @@ class DirectRestorer:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        if self.window is not None:
+            self.window.close()

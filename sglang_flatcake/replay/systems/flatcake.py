@@ -211,10 +211,11 @@ class FlatCake(System):
 
 
 class FlatCakeSingleQueue(FlatCake):
-    """flatcake-single-queue: the FC-MAS ablation, the same store, placement,
-    streams and prefetch budget as ``flatcake`` under one first-come first-served
-    queue (``policy.FCFS``), so an SSD restore at the head holds back the memory
-    hits behind it."""
+    """flatcake-single-queue: the FC-MAS ablation, what ``--flatcake-single-queue`` does in
+    the server: the same store, placement and streams as ``flatcake`` under one
+    first-come first-served queue whose head alone restores
+    (``queues.TwoQueuePolicy(single_queue=True)``, ``policy.HeadOnly``), so an SSD restore
+    at the head holds back the memory hits behind it."""
 
     name = "flatcake-single-queue"
-    policy = "fcfs"
+    policy = "head-only"
