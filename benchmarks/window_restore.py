@@ -32,10 +32,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sglang_flatcake.bench_restore import (block_data, chain_keys, drop_page_cache,  # noqa: E402
-                                           raw_limit, write_raw_file)
+                                           raw_limit, write_raw_file, write_session)
 from sglang_flatcake.config import FlatCakeConfig  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
-from sglang_flatcake.placement import WriteSignals  # noqa: E402
 from sglang_flatcake.scatter import warm_up  # noqa: E402
 from sglang_flatcake.store import FlatCakeStore  # noqa: E402
 from sglang_flatcake.window import LayerWindow, restore_through_window  # noqa: E402
@@ -62,13 +61,7 @@ def run(a) -> dict:
     keys = chain_keys(n, a.seed)
     try:
         with FlatCakeStore(base / "store", lay, cfg) as st:
-            pos = 0
-            for t, k in enumerate(per_turn):
-                st.put(keys[pos:pos + k], block_data(lay, pos, k, pool), prefix_keys=keys[:pos],
-                       signals=WriteSignals(turn=t, context_tokens=pos * a.page_tokens,
-                                            prev_reply_tokens=10_000))
-                pos += k
-            print(f"  wrote {n} blocks in {a.turns} turns", file=sys.stderr)
+            write_session(st, lay, keys, per_turn, pool, a.page_tokens, "window")
             item = lay.itemsize
             slots_n = (n + 1) * a.page_tokens            # + SGLang's padded page 0
             word = {1: np.uint8, 2: np.uint16, 4: np.uint32}[item]

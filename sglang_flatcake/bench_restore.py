@@ -127,6 +127,19 @@ def sglang_file_restore(layout: KVLayout, keys: list[str], blocks_of, n_blocks: 
     return n_blocks * bb / dt / (1 << 30)
 
 
+def write_session(st, layout: KVLayout, keys, per_turn, pool, page_tokens: int,
+                  label: str = "") -> None:
+    """Write one agent session into ``st``, a turn per ``put`` (long replies: SSD placement)."""
+    pos = 0
+    for t, k in enumerate(per_turn):
+        st.put(keys[pos:pos + k], block_data(layout, pos, k, pool), prefix_keys=keys[:pos],
+               signals=WriteSignals(turn=t, context_tokens=pos * page_tokens,
+                                    prev_reply_tokens=10_000))
+        pos += k
+        print(f"  [{label}] wrote turn {t + 1}/{len(per_turn)} ({pos}/{len(keys)} blocks)",
+              file=sys.stderr)
+
+
 def restore_runs(args, layout: KVLayout, cfg: FlatCakeConfig, store_dir: Path, keys, per_turn,
                  pool, raw_path: str, label: str) -> dict:
     """Write the session through one store (one medium, one engine), then alternate cold
@@ -135,14 +148,7 @@ def restore_runs(args, layout: KVLayout, cfg: FlatCakeConfig, store_dir: Path, k
     total = n_blocks * bb
     with FlatCakeStore(store_dir, layout, cfg) as st:
         t0 = time.perf_counter()
-        pos = 0
-        for t, k in enumerate(per_turn):
-            st.put(keys[pos:pos + k], block_data(layout, pos, k, pool), prefix_keys=keys[:pos],
-                   signals=WriteSignals(turn=t, context_tokens=pos * args.page_tokens,
-                                        prev_reply_tokens=10_000))
-            pos += k
-            print(f"  [{label}] wrote turn {t + 1}/{args.turns} ({pos}/{n_blocks} blocks)",
-                  file=sys.stderr)
+        write_session(st, layout, keys, per_turn, pool, args.page_tokens, label)
         write_s = time.perf_counter() - t0
         out = st.alloc_blocks(n_blocks)
         out[:] = 0            # touch the pages now, not inside the timed restore

@@ -165,13 +165,18 @@ def load_sessions(ssd, layout: KVLayout, alignment: int):
                     s.last_used = max(s.last_used, hdr.created)
         sessions.append(s)
         ends[sid] = (s.write_offset, size)
-        if s.segments:
-            rep["sessions"] += 1
-            rep["segments"] += len(s.segments)
-            rep["blocks"] += s.n_blocks
-        else:
-            rep["empty_sessions"] += 1
+        count_session(rep, s)
     return sessions, rep, ends
+
+
+def count_session(rep: dict, s) -> None:
+    """Add one recovered session to a recovery report."""
+    if s.segments:
+        rep["sessions"] += 1
+        rep["segments"] += len(s.segments)
+        rep["blocks"] += s.n_blocks
+    else:
+        rep["empty_sessions"] += 1
 
 
 def block_checksums(layer_sections: np.ndarray) -> np.ndarray:

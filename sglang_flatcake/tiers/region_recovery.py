@@ -12,7 +12,7 @@ from collections import Counter
 from .. import FORMAT_VERSION
 from ..errors import LayoutMismatchError, StoreCorruptError
 from ..layout import SegmentGeometry, align_up
-from ..recovery import decode_header, header_size_from_prefix
+from ..recovery import count_session, decode_header, header_size_from_prefix
 from ..sessions import Segment, Session
 from . import region_meta as rm
 
@@ -183,12 +183,7 @@ def recover(t, start_empty: bool):
         t._lineage[sid] = s
         out.append(s)
         ends[sid] = (s.write_offset, limit)
-        if s.segments:
-            rep["sessions"] += 1
-            rep["segments"] += len(s.segments)
-            rep["blocks"] += s.n_blocks
-        else:
-            rep["empty_sessions"] += 1
+        count_session(rep, s)
     for sid, ex in t._extents.items():
         for start, count in _group(ex):
             if not t.alloc.take_at(start, count):
