@@ -116,6 +116,7 @@ class FlatCakeScheduling:
                     break
         self._start_picked()
         self._publish_finished()
+        self.restorer.counters.update(self.policy.waiting())   # queue sizes, for get_stats
 
     def _start_picked(self) -> None:
         still = []
