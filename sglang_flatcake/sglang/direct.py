@@ -171,16 +171,18 @@ class DirectRestorer:
         if match.device_prefix_len < flow.start:
             # the device prefix was evicted while queued: restore from where it now ends
             self._restart_from(flow, match.device_prefix_len)
+        # lock the prefix first: the eviction below must not take the very nodes we extend
+        anchor = match.last_device_node
+        lock = self.tree.inc_lock_ref(anchor).to_dec_params()
         n = flow.tokens
         if self.allocator.available_size() < n:
             self.tree.evict(EvictParams(num_tokens=n))
         slots = self.allocator.alloc(n) if self.allocator.available_size() >= n else None
         if slots is None:
+            self.tree.dec_lock_ref(anchor, lock)
             self.counters["waits_for_slots"] += 1
             return False
-        flow.slots = slots
-        flow.anchor = match.last_device_node
-        flow.anchor_lock = self.tree.inc_lock_ref(flow.anchor).to_dec_params()
+        flow.slots, flow.anchor, flow.anchor_lock = slots, anchor, lock
         flow.prefix_start = flow.start
         return True
 
