@@ -92,6 +92,10 @@ def run(args) -> int:
         print(f"flatcake blocks: memory {int(m.get('flatcake_blocks_memory', 0))}, "
               f"SSD {int(m.get('flatcake_blocks_ssd', 0))}; read commands "
               f"{int(m.get('flatcake_read_commands', 0))}")
+        print(f"restores into device KV slots: {int(m.get('flatcake_direct_flows', 0))}, "
+              f"{m.get('flatcake_direct_bytes_from_ssd', 0) / 2**20:.1f} MiB from SSD, "
+              f"{m.get('flatcake_direct_bytes_from_memory', 0) / 2**20:.1f} MiB from the arena; "
+              f"reads through SGLang's host pool: {int(m.get('flatcake_host_pool_gets', 0))}")
         print(f"store: {store}  (look inside: flatcake inspect {next(store.rglob('flatcake.json')).parent})")
         print(f"server log: {log}; bench output: {out}")
         if args.keep_server:
