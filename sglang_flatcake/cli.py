@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench-restore", help="cold restore of one long session vs the raw disk limit")
     bench_restore.add_arguments(b)
     i = sub.add_parser("inspect", help="sessions, segments, bytes per medium, watermark state")
-    i.add_argument("dir", help="store directory")
+    i.add_argument("dir", help="a store directory, or a region (block device or pre-sized file)")
     i.add_argument("--verify", action="store_true",
                    help="re-check every checksum; exit 1 on damage")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")

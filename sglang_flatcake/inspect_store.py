@@ -1,4 +1,5 @@
-"""``flatcake inspect DIR``: what a store holds, and (``--verify``) whether it is intact.
+"""``flatcake inspect DIR|REGION``: what a store (a directory, or a region on a device or
+pre-sized file) holds, and (``--verify``) whether it is intact.
 
 Opens the store read-only with the layout recorded in its manifest, so it can
 look at a store that a running server holds.  Memory-placed blocks live only in
@@ -8,6 +9,7 @@ the server's process; an offline look sees the SSD tier.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +36,11 @@ def verify_store(store: FlatCakeStore) -> tuple[int, list[Damage]]:
     damage: list[Damage] = []
     lay = store.layout
     for sid, s in sorted(store.sessions.items()):
-        path = store.ssd.path(sid)
-        with open(path, "rb") as f:
+        with open(store.ssd.path(sid), "rb") as f:
             for seg in s.segments:
                 g = seg.geometry
-                f.seek(seg.offset + g.header_bytes)
+                _, at = store.ssd.io_at(sid, seg.offset)    # a segment never spans two runs
+                f.seek(at + g.header_bytes)
                 data = np.frombuffer(f.read(g.data_bytes), np.uint8)
                 bad = 0
                 if data.size < g.data_bytes:
@@ -71,7 +73,7 @@ def describe(store: FlatCakeStore) -> dict:
     state = ("above high watermark" if used > cfg.high_watermark * cfg.ssd_bytes else
              "between watermarks" if used > cfg.low_watermark * cfg.ssd_bytes else "below low watermark")
     return {
-        "root": str(store.root),
+        "root": str(store.config.ssd_path or store.root),
         "layout": store.layout.to_dict(),
         "block_bytes": store.layout.block_bytes,
         "sessions": sessions,
@@ -106,6 +108,8 @@ def run(root: str, verify: bool, as_json: bool, ssd_bytes: int | None = None) ->
             rc = 1 if damage else 0
     finally:
         store.close()
+        if store.config.ssd_path:                 # the scratch root open_existing made
+            shutil.rmtree(store.root, ignore_errors=True)
     if as_json:
         print(json.dumps(info, indent=1))
         return rc

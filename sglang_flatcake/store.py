@@ -20,6 +20,7 @@ import fcntl
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -168,10 +169,22 @@ class FlatCakeStore:
     @classmethod
     def open_existing(cls, root: str | os.PathLike, config: FlatCakeConfig | None = None,
                       read_only: bool = True) -> "FlatCakeStore":
-        """Open a store with the layout recorded in its manifest (for inspection)."""
-        m = read_json(Path(root) / STORE_MANIFEST)
-        layout = KVLayout.from_dict(m["layout"])
+        """Open a store with the layout recorded in its manifest (for inspection).
+
+        ``root`` is a store directory, or a region (a block device or pre-sized file written
+        with ``ssd_path``), whose superblock records the layout; a region is opened with a
+        scratch directory as its root.
+        """
         base = config or FlatCakeConfig()
+        if Path(root).exists() and not Path(root).is_dir():
+            from .tiers.region_meta import read_region_manifest
+            m, region_bytes = read_region_manifest(root)
+            base = FlatCakeConfig(**{**base.to_dict(), "ssd_path": str(root),
+                                     "ssd_bytes": region_bytes})
+            root = tempfile.mkdtemp(prefix="flatcake-inspect-")
+        else:
+            m = read_json(Path(root) / STORE_MANIFEST)
+        layout = KVLayout.from_dict(m["layout"])
         if base.alignment != m.get("alignment"):
             base = FlatCakeConfig(**{**base.to_dict(), "alignment": m["alignment"]})
         return cls(root, layout, base, read_only=read_only)

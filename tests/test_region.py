@@ -365,3 +365,34 @@ def test_block_device_round_trip_and_recovery(tmp_path, layout):
     with FlatCakeStore(tmp_path / "root", layout, c) as st:
         g, out = restore(st, keys)
         assert g.hits == 20 and np.array_equal(out, blocks_for(layout, keys))
+
+
+def test_inspect_reads_a_region_and_verify_finds_flipped_bytes(tmp_path, layout, capsys):
+    import json
+
+    from sglang_flatcake.inspect_store import run
+    region = tmp_path / "region.bin"
+    k1 = chain(5, "a")
+    k2 = extend(k1, 30, "b")
+    with FlatCakeStore(tmp_path / "root", layout, cfg(region)) as st:
+        st.put(k1, blocks_for(layout, k1), signals=SSD)
+        st.put(k2, blocks_for(layout, k2), prefix_keys=k1, signals=SSD)
+        sid, sess = next(iter(st.sessions.items()))
+        seg = sess.segments[-1]
+        _, st_at = st.ssd.io_at(sid, seg.offset)
+    assert run(str(region), verify=True, as_json=True) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["root"] == str(region) and info["totals"]["blocks_ssd"] == 35
+    assert info["verify"]["ranges_checked"] == 35 * layout.layers
+    assert info["verify"]["damaged_segments"] == []
+    with open(region, "r+b") as f:                  # flip one byte of the last segment's data
+        f.seek(st_at + seg.geometry.header_bytes + 7)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert run(str(region), verify=True, as_json=True) == 1
+    info = json.loads(capsys.readouterr().out)
+    assert len(info["verify"]["damaged_segments"]) == 1
+    with pytest.raises(FlatCakeError, match="no valid flatcake region superblock"):
+        (tmp_path / "junk.bin").write_bytes(b"\0" * 8192)
+        run(str(tmp_path / "junk.bin"), verify=False, as_json=True)

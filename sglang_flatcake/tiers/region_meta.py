@@ -111,6 +111,18 @@ def decode_super(buf: bytes) -> tuple[Geometry, bytes, int, dict] | None:
     return geo, uuid, bsz, json.loads(buf[_SUPER.size:end])
 
 
+def read_region_manifest(path) -> tuple[dict, int]:
+    """(store manifest, region bytes) from the superblock of the region at ``path``."""
+    from ..errors import StoreCorruptError
+    with open(path, "rb") as f:
+        buf = f.read(64 << 10)
+    sb = decode_super(buf)
+    if sb is None:
+        raise StoreCorruptError(f"{path}: not a flatcake store directory, and no valid flatcake "
+                                f"region superblock at its start")
+    return sb[3], sb[0].region_bytes
+
+
 def is_region(buf: bytes) -> bool:
     return decode_super(buf) is not None
 
