@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -103,7 +102,6 @@ class DirectRestorer:
         if self.delay:
             log.warning("flatcake: %s=%s slows every SSD restore (a test hook)", DELAY_ENV,
                         self.delay)
-        self._lock = threading.Lock()
         self.backend.direct_counters = self.counters
 
     @staticmethod
@@ -154,11 +152,10 @@ class DirectRestorer:
         n = store.exists(span)
         if n == 0:
             return None
-        span = span[:n]
+        limit = max(self.page, self.allocator.size // 2 // self.page * self.page)
+        span = span[: min(n, limit // self.page)]
         on_ssd = sum(1 for a in store.locate(span) if a is not None and a.medium == addr.Medium.SSD)
         bb = store.layout.block_bytes
-        limit = max(self.page, self.allocator.size // 2 // self.page * self.page)
-        span = span[: limit // self.page]
         return Flow(req.rid, req.cache_request_handle, key[: start + len(span) * self.page], span,
                     start, on_ssd * bb, (len(span) - on_ssd) * bb)
 
