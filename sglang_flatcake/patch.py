@@ -28,6 +28,9 @@ HOOK_TARGETS = (
     "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController.write_storage",
     "sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__",
     "sglang.srt.arg_groups.hicache_hook.resolve_layout_io_compatibility",
+    "sglang.srt.managers.scheduler.Scheduler._prefetch_kvcache",
+    "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
+    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.check_prefetch_progress",
 )
 
 
