@@ -166,3 +166,58 @@ def test_priority_orders_ssd_prefetch_starts(make):
     st.pump()
     assert st.policy.priority("big") == pytest.approx(1 + 2 / (GB / 1e9))
     assert st.restorer.started == ["small"]           # its priority is 4x higher past 1
+
+
+def _rank(rank: int, port: int, out) -> None:
+    """One TP rank: its local view differs (span, SSD bytes, when its restore ends)."""
+    import os
+
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        scheduling.DirectRestorer = FakeRestorer
+        sched = SimpleNamespace(waiting_queue=[], tp_size=2, tp_cpu_group=dist.group.WORLD)
+        backend = SimpleNamespace(config=FlatCakeConfig(prefetch_budget_bytes=2 * GB))
+        st = scheduling.FlatCakeScheduling(sched, backend)
+        st.restorer.lookup = lambda req: Flow(req.rid, None, list(range(64 if rank else 32)),
+                                              ["k"] * (4 if rank else 2), 0,
+                                              GB // (2 if rank else 1), 0)
+        arrive(st, sched, "long")
+        flow = st.flows["long"]
+        st.pump()                                   # both start
+        if rank == 0:
+            finish(st, "long")                      # rank 0 done, rank 1 still reading
+        st.pump()
+        early = st.gate("long")
+        if rank == 1:
+            finish(st, "long")
+        st.pump()
+        out.put((rank, len(flow.keys), flow.ssd_bytes, early, st.gate("long"), st.now))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp_ranks_reach_the_same_decisions():
+    """Two gloo ranks with different local views agree on span, size, clock and admission."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    res = sorted(out.get(timeout=5) for _ in procs)
+    (_, keys0, ssd0, early0, late0, now0), (_, keys1, ssd1, early1, late1, now1) = res
+    assert keys0 == keys1 == 2                      # the shorter span (MIN)
+    assert ssd0 == ssd1 == GB                       # the larger SSD size (MAX)
+    assert early0 is early1 is False                # nobody admits before every rank is done
+    assert late0 is late1 is True
+    assert now0 == now1                             # one clock
