@@ -32,7 +32,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sglang_flatcake.bench_restore import (block_data, chain_keys, drop_page_cache,  # noqa: E402
-                                           raw_limit, write_raw_file, write_session)
+                                           add_session_arguments, raw_limit, write_raw_file,
+                                           write_session)
 from sglang_flatcake.config import FlatCakeConfig  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
 from sglang_flatcake.scatter import warm_up  # noqa: E402
@@ -149,15 +150,7 @@ def run(a) -> dict:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-gib", type=float, default=1.0)
-    p.add_argument("--layers", type=int, default=28)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--page-tokens", type=int, default=64)
-    p.add_argument("--turns", type=int, default=10)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--io-threads", type=int, default=4)
+    add_session_arguments(p, size_gib=1.0)
     p.add_argument("--depth", type=int, default=2, help="window buffers (default 2)")
     p.add_argument("--workers", type=int, default=2, help="checksum+scatter threads (default 2)")
     p.add_argument("--dir", help="where to write (a real disk; default here)")

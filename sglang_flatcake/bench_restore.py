@@ -248,8 +248,10 @@ def run(args) -> dict:
     return result
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--size-gib", type=float, default=2.0, help="session size (default 2)")
+def add_session_arguments(p, size_gib: float) -> None:
+    """The session and repeat flags both restore benchmarks share."""
+    p.add_argument("--size-gib", type=float, default=size_gib,
+                   help=f"session size (default {size_gib:g})")
     p.add_argument("--layers", type=int, default=28)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -257,7 +259,12 @@ def add_arguments(p) -> None:
     p.add_argument("--page-tokens", type=int, default=64)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--repeat", type=int, default=3,
-                   help="alternating flatcake/raw runs; medians are reported (default 3)")
+                   help="alternating runs with the raw limit; medians are reported (default 3)")
+    p.add_argument("--io-threads", type=int, default=4)
+
+
+def add_arguments(p) -> None:
+    add_session_arguments(p, size_gib=2.0)
     p.add_argument("--io-engine", default="auto",
                    help="engine, or a comma list to compare (e.g. posix,io_uring); default auto")
     p.add_argument("--ssd-path", default="",
@@ -265,7 +272,6 @@ def add_arguments(p) -> None:
                         "after unless --keep) or a block device (overwritten!)")
     p.add_argument("--ssd-force", action="store_true",
                    help="use --ssd-path even if it holds a filesystem or other data")
-    p.add_argument("--io-threads", type=int, default=4)
     p.add_argument("--dir", help="where to write (a real disk; default: a temporary folder here)")
     p.add_argument("--dir-reuse", action="store_true", help=argparse_suppress())
     p.add_argument("--seed", type=int, default=0)

@@ -143,7 +143,7 @@ class TestUringSpecific:
         bad = str(tmp_path / "wronly.bin")
         with open(bad, "wb") as f:
             f.write(b"x" * (4 * A))
-        eng._fds[bad] = (os.open(bad, os.O_WRONLY), False)    # reading it completes with -EBADF
+        eng._files.fds[bad] = (os.open(bad, os.O_WRONLY), False)    # reading it completes with -EBADF
         outs = [eng.alloc(A) for _ in range(4)]
         cmds = [ReadCommand(path, 0, A), ReadCommand(bad, 2 * A, A),
                 ReadCommand(path, 10 * A, A), ReadCommand(path, 3 * A, A)]

@@ -21,10 +21,14 @@ Contract:
 from __future__ import annotations
 
 import abc
+import errno
+import os as _os
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+O_DIRECT = getattr(_os, "O_DIRECT", 0)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,73 @@ def fallocate_to(fd: int, path: str, size: int) -> None:
     except OSError as e:
         raise IOEngineError(e.errno, f"fallocate {path} to {size} bytes: "
                             f"{os.strerror(e.errno)}") from None
+
+
+def check_commands(commands: Sequence[ReadCommand], targets: Sequence, alignment: int) -> None:
+    """``submit``'s argument check: one target per command, every offset aligned."""
+    if len(commands) != len(targets):
+        raise ValueError("read: one buffer per command")
+    for cmd in commands:
+        if cmd.offset % alignment:
+            raise ValueError(f"read: offset {cmd.offset} of {cmd.path} is not "
+                             f"{alignment}-aligned")
+
+
+class FileTable:
+    """Per-path descriptors for an engine, each opened once: O_DIRECT, or buffered where the
+    filesystem refuses O_DIRECT (EINVAL; the path is then counted in ``buffered``).
+
+    ``check`` runs under the lock before a new open (an engine that is closing refuses).
+    """
+
+    def __init__(self, want_direct: bool, lock, check=None) -> None:
+        self.want_direct, self.lock, self.check = want_direct, lock, check
+        self.fds: dict[str, tuple[int, bool]] = {}
+        self.buffered: set[str] = set()
+
+    def get(self, path: str, create: bool = False) -> tuple[int, bool]:
+        """(fd, direct) for ``path``; an open failure raises ``IOEngineError``."""
+        import os
+
+        from ..errors import IOEngineError
+        got = self.fds.get(path)
+        if got is not None:
+            return got
+        with self.lock:
+            got = self.fds.get(path)
+            if got is not None:
+                return got
+            if self.check is not None:
+                self.check(path)
+            flags, d = os.O_RDWR | (os.O_CREAT if create else 0), self.want_direct
+            try:
+                try:
+                    got = (os.open(path, flags | (O_DIRECT if d else 0), 0o644), d)
+                except OSError as e:
+                    if not d or e.errno != errno.EINVAL:
+                        raise
+                    got = (os.open(path, flags, 0o644), False)
+                    self.buffered.add(path)
+            except OSError as e:
+                raise IOEngineError(e.errno, f"open {path}: {e.strerror}") from None
+            self.fds[path] = got
+            return got
+
+    def forget(self, path: str) -> None:
+        """Close ``path``'s descriptor; its commands must have finished."""
+        import os
+        with self.lock:
+            got = self.fds.pop(path, None)
+            self.buffered.discard(path)
+        if got is not None:
+            os.close(got[0])
+
+    def take_all(self) -> list[int]:
+        """Every open descriptor, removed from the table (for ``close``)."""
+        with self.lock:
+            fds = [fd for fd, _ in self.fds.values()]
+            self.fds.clear()
+        return fds
 
 
 def datasync(fd: int, path: str) -> None:

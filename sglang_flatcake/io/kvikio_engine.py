@@ -19,7 +19,7 @@ import threading
 from typing import Sequence
 
 from ..errors import IOEngineError
-from .base import IOEngine, ReadCommand
+from .base import IOEngine, ReadCommand, check_commands
 
 
 def kvikio_usable() -> tuple[bool, str]:
@@ -131,13 +131,9 @@ class KvikioEngine(IOEngine):
 
         ``targets[i]`` is one buffer (device or host) or a list of buffers filled in order.
         """
-        if len(commands) != len(targets):
-            raise ValueError("read: one buffer per command")
+        check_commands(commands, targets, self.alignment)
         handles = []
         for cmd, target in zip(commands, targets):
-            if cmd.offset % self.alignment:
-                raise ValueError(f"read: offset {cmd.offset} of {cmd.path} is not "
-                                 f"{self.alignment}-aligned")
             views = [target] if hasattr(target, "nbytes") else list(target)
             views = [v.reshape(-1).view("uint8") for v in views]
             if len(views) == 1 and views[0].nbytes >= cmd.length:

@@ -18,9 +18,9 @@ import numpy as np
 
 from ..errors import IOEngineError
 from ..layout import align_down, align_up
-from .base import IOEngine, ReadCommand, aligned_empty, datasync, fallocate_to
+from .base import (O_DIRECT, FileTable, IOEngine, ReadCommand, aligned_empty, check_commands,
+                   datasync, fallocate_to)
 
-O_DIRECT = getattr(os, "O_DIRECT", 0)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
@@ -53,45 +53,18 @@ class PosixEngine(IOEngine):
         self.max_io_bytes = max(alignment, align_down(max_io_bytes, alignment))
         self.want_direct = direct and O_DIRECT != 0
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flatcake-io")
-        self._fds: dict[str, tuple[int, bool]] = {}
         self._lock = threading.Lock()
+        self._files = FileTable(self.want_direct, self._lock)
         self._local = threading.local()
         self._stats = {"read_commands": 0, "read_ops": 0, "bytes_read": 0,
                        "write_ops": 0, "bytes_written": 0, "bounce_ops": 0, "errors": 0}
-        self._buffered: set[str] = set()
 
     # -- files -----------------------------------------------------------
     def _fd(self, path: str, create: bool = False) -> tuple[int, bool]:
-        with self._lock:
-            got = self._fds.get(path)
-            if got is not None:
-                return got
-            flags = os.O_RDWR | (os.O_CREAT if create else 0)
-            direct = False
-            fd = -1
-            if self.want_direct:
-                try:
-                    fd = os.open(path, flags | O_DIRECT, 0o644)
-                    direct = True
-                except OSError as e:
-                    if e.errno != errno.EINVAL:
-                        raise IOEngineError(e.errno, f"open {path}: {e.strerror}") from None
-            if fd < 0:
-                try:
-                    fd = os.open(path, flags, 0o644)
-                except OSError as e:
-                    raise IOEngineError(e.errno, f"open {path}: {e.strerror}") from None
-                if self.want_direct:
-                    self._buffered.add(path)
-            self._fds[path] = (fd, direct)
-            return fd, direct
+        return self._files.get(path, create)
 
     def forget(self, path: str) -> None:
-        with self._lock:
-            got = self._fds.pop(path, None)
-            self._buffered.discard(path)
-        if got is not None:
-            os.close(got[0])
+        self._files.forget(path)
 
     def is_direct(self, path: str) -> bool:
         return self._fd(path)[1]
@@ -192,13 +165,9 @@ class PosixEngine(IOEngine):
         ``buffers[i]`` is one array, or a list of arrays that the command's bytes
         are scattered over in order (a vectored read straight into place).
         """
-        if len(commands) != len(buffers):
-            raise ValueError("read: one buffer per command")
+        check_commands(commands, buffers, self.alignment)
         handles = []
         for cmd, target in zip(commands, buffers):
-            if cmd.offset % self.alignment:
-                raise ValueError(f"read: offset {cmd.offset} of {cmd.path} is not "
-                                 f"{self.alignment}-aligned")
             if isinstance(target, np.ndarray):
                 if target.nbytes < cmd.length:
                     raise ValueError(f"read: buffer of {target.nbytes} bytes for {cmd.length}")
@@ -258,14 +227,11 @@ class PosixEngine(IOEngine):
 
     def stats(self) -> dict:
         return {"engine": self.name, "threads": self.threads, "direct": self.want_direct,
-                "buffered_files": len(self._buffered), **self._stats}
+                "buffered_files": len(self._files.buffered), **self._stats}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        with self._lock:
-            fds = list(self._fds.values())
-            self._fds.clear()
-        for fd, _ in fds:
+        for fd in self._files.take_all():
             try:
                 os.close(fd)
             except OSError:

@@ -34,9 +34,9 @@ import numpy as np
 
 from ..errors import ConfigError, IOEngineError
 from ..layout import align_down, align_up
-from .base import IOEngine, ReadCommand, aligned_empty, datasync, fallocate_to
+from .base import (O_DIRECT, FileTable, IOEngine, ReadCommand, aligned_empty, check_commands,
+                   datasync, fallocate_to)
 
-O_DIRECT = getattr(os, "O_DIRECT", 0)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _SETUP, _ENTER, _REGISTER = 425, 426, 427              # the same on every Linux architecture
 _READV, _WRITEV, _READ_FIXED, _WRITE_FIXED, _READ, _WRITE = 1, 2, 4, 5, 22, 23
@@ -156,8 +156,7 @@ class UringEngine(IOEngine):
         self.want_direct = direct and O_DIRECT != 0
         self._lock = threading.Lock()                  # queues, tables, stats
         self._ring_lock = threading.Lock()             # held by the one thread driving the ring
-        self._fds: dict[str, tuple[int, bool]] = {}
-        self._buffered: set[str] = set()
+        self._files = FileTable(self.want_direct, self._lock, self._refuse_if_closed)
         self._stats = dict.fromkeys(("read_commands", "read_ops", "bytes_read", "write_ops", "bytes_written",
                                      "bounce_ops", "errors", "fixed_ops", "enter_calls", "peak_inflight"), 0)
         fd, p = _setup(1 << (self.depth - 1).bit_length())
@@ -190,36 +189,18 @@ class UringEngine(IOEngine):
     # -- files and buffers ------------------------------------------------------
     def _fd(self, path: str, create: bool = False) -> tuple[int, bool]:
         """(fd, direct) for ``path``, opened once: O_DIRECT, or buffered where that is EINVAL."""
-        got = self._fds.get(path)
-        if got is not None:
-            return got
-        with self._lock:
-            if self._stopping:
-                raise IOEngineError(errno.ECANCELED, f"open {path}: the io_uring engine is closed")
-            flags, d = os.O_RDWR | (os.O_CREAT if create else 0), self.want_direct
-            try:
-                try:
-                    got = self._fds.get(path) or (os.open(path, flags | (O_DIRECT if d else 0), 0o644), d)
-                except OSError as e:
-                    if not d or e.errno != errno.EINVAL:
-                        raise
-                    got = (os.open(path, flags, 0o644), False)
-                    self._buffered.add(path)
-            except OSError as e:
-                raise IOEngineError(e.errno, f"open {path}: {e.strerror}") from None
-            self._fds[path] = got
-            return got
+        return self._files.get(path, create)
+
+    def _refuse_if_closed(self, path: str) -> None:
+        if self._stopping:
+            raise IOEngineError(errno.ECANCELED, f"open {path}: the io_uring engine is closed")
 
     def is_direct(self, path: str) -> bool:
         return self._fd(path)[1]
 
     def forget(self, path: str) -> None:
         """Close ``path``'s descriptor; its commands must have finished (as with posix)."""
-        with self._lock:
-            got = self._fds.pop(path, None)
-            self._buffered.discard(path)
-        if got is not None:
-            os.close(got[0])
+        self._files.forget(path)
 
     def _update_slot(self, slot: int, addr: int, nbytes: int) -> bool:
         """Point registered-buffer ``slot`` at ``[addr, addr+nbytes)`` (0, 0 empties it)."""
@@ -339,12 +320,9 @@ class UringEngine(IOEngine):
     def submit(self, commands: Sequence[ReadCommand], targets: Sequence) -> list[UringHandle]:
         """Queue every command and start up to ``depth`` ops now; one handle per command,
         in order.  ``targets[i]`` is one array or a scatter list of arrays."""
-        if len(commands) != len(targets):
-            raise ValueError("read: one buffer per command")
+        check_commands(commands, targets, self.alignment)
         items = []
         for cmd, target in zip(commands, targets):
-            if cmd.offset % self.alignment:
-                raise ValueError(f"read: offset {cmd.offset} of {cmd.path} is not {self.alignment}-aligned")
             if isinstance(target, np.ndarray):
                 if target.nbytes < cmd.length:
                     raise ValueError(f"read: buffer of {target.nbytes} bytes for {cmd.length}")
@@ -533,7 +511,7 @@ class UringEngine(IOEngine):
         flight) plus ``fixed_ops``, ``registered_buffers``, ``enter_calls``, ``peak_inflight``."""
         with self._lock:
             return {"engine": self.name, "threads": 0, "depth": self.depth, "direct": self.want_direct,
-                    "buffered_files": len(self._buffered), "registered_buffers": len(self._reg),
+                    "buffered_files": len(self._files.buffered), "registered_buffers": len(self._reg),
                     **self._stats}
 
     def close(self) -> None:
@@ -549,6 +527,5 @@ class UringEngine(IOEngine):
         self._u32.release()
         self._rm.close()
         self._sm.close()
-        for fd in [self._ring] + [f for f, _ in self._fds.values()]:
+        for fd in [self._ring] + self._files.take_all():
             os.close(fd)
-        self._fds.clear()

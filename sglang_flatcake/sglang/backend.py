@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-import numpy as np
 
 from ..config import FlatCakeConfig
 from ..errors import ConfigError

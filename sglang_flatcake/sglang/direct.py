@@ -61,6 +61,7 @@ class Flow:
     future: Optional[Future] = None
     started_at: float = 0.0
     result: Any = None
+    chain: list = field(default_factory=list)   # page hashes of [0, end), for a restart
 
     @property
     def tokens(self) -> int:
@@ -147,17 +148,17 @@ class DirectRestorer:
         key = RadixKey(ids[:end], extra_key=req.extra_key, cache_salt=req.cache_salt,
                        is_bigram=self.tree.tree_core.is_eagle).page_aligned(self.page)
         hashes = get_storage_hash_str(key, None, page_size=self.page)
-        first = start // self.page
-        span = hashes[first:]
-        n = store.exists(span)
+        limit = max(self.page, self.allocator.size // 2 // self.page * self.page)
+        span = hashes[start // self.page:][: limit // self.page]
+        where = store.locate(span)                  # one index probe per page
+        n = next((i for i, a in enumerate(where) if a is None), len(where))
         if n == 0:
             return None
-        limit = max(self.page, self.allocator.size // 2 // self.page * self.page)
-        span = span[: min(n, limit // self.page)]
-        on_ssd = sum(1 for a in store.locate(span) if a is not None and a.medium == addr.Medium.SSD)
+        on_ssd = sum(1 for a in where[:n] if a.medium == addr.Medium.SSD)
         bb = store.layout.block_bytes
-        return Flow(req.rid, req.cache_request_handle, key[: start + len(span) * self.page], span,
-                    start, on_ssd * bb, (len(span) - on_ssd) * bb)
+        end = start + n * self.page
+        return Flow(req.rid, req.cache_request_handle, key[:end], span[:n], start,
+                    on_ssd * bb, (n - on_ssd) * bb, chain=hashes[: end // self.page])
 
     # -- 2. start ---------------------------------------------------------------------
     def allocate(self, flow: Flow) -> bool:
@@ -184,9 +185,7 @@ class DirectRestorer:
         return True
 
     def _restart_from(self, flow: Flow, start: int) -> None:
-        from sglang.srt.mem_cache.utils import get_storage_hash_str
-        hashes = get_storage_hash_str(flow.key, None, page_size=self.page)
-        flow.keys = hashes[start // self.page:]
+        flow.keys = flow.chain[start // self.page: len(flow.key) // self.page]
         flow.start = start
 
     def submit(self, flow: Flow) -> None:
