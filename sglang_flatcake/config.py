@@ -53,6 +53,14 @@ def _parse_bool(value: Any, name: str) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {value!r}")
 
 
+def default_store_dir() -> str:
+    """Where a store lives when no directory is given: the user's cache directory
+    (``$XDG_CACHE_HOME`` or ``~/.cache``), not a predictable name others can create first."""
+    import os
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sglang-flatcake")
+
+
 @dataclass(frozen=True)
 class FlatCakeConfig:
     """The store's settings; each field's ``help`` metadata is its flag help."""
@@ -111,7 +119,8 @@ class FlatCakeConfig:
                 "close); 0: only at close and when the allocation journal is half full"})
     store_dir: str = dataclasses.field(default="", metadata={
         "help": "root of the store (each rank uses its own subfolder); default: "
-                "--file-storage-path's folder, else /tmp/flatcake"})
+                "--file-storage-path's folder, else $XDG_CACHE_HOME/sglang-flatcake (~/.cache/"
+                "sglang-flatcake): private to the user, never a shared /tmp name"})
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str) -> None:
@@ -123,6 +132,9 @@ class FlatCakeConfig:
             v = getattr(self, f.name)
             if f.type in ("int", int) and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ConfigError(f"{f.name}={v!r} is not allowed: expected an integer")
+            if f.type in ("bool", bool) and not isinstance(v, bool):
+                raise ConfigError(f"{f.name}={v!r} is not allowed: expected True or False "
+                                  "(from_mapping parses strings such as 'true' and 'off')")
         need(self.short_reply_tokens >= 0, "short_reply_tokens", "expected >= 0")
         need(self.agent_context_tokens > 0, "agent_context_tokens", "expected > 0")
         need(self.shared_refcount >= 2, "shared_refcount", "expected >= 2 (1 means not shared)")
@@ -141,6 +153,8 @@ class FlatCakeConfig:
         need(1 <= self.io_threads <= 256, "io_threads", "expected 1..256")
         need(self.extent_bytes >= self.alignment and self.extent_bytes % self.alignment == 0,
              "extent_bytes", f"expected a multiple of alignment ({self.alignment})")
+        need(self.extent_bytes <= self.ssd_bytes, "extent_bytes",
+             f"expected at most ssd_bytes ({self.ssd_bytes}): the SSD tier holds whole extents")
         need(0 <= self.node_id < 4096, "node_id", "expected 0..4095 (12 bits)")
         need(self.prefetch_budget_bytes > 0, "prefetch_budget_bytes", "expected > 0")
         need(self.checkpoint_interval >= 0, "checkpoint_interval", "expected >= 0 segments")

@@ -32,3 +32,12 @@ class IOEngineError(FlatCakeError, OSError):
 class UnsafeMediumError(FlatCakeError):
     """The SSD region medium (``ssd_path``) is refused: mounted, in use, holds data that is
     not flatcake's, or too small.  The message says which; nothing was written to it."""
+
+
+class UnsafeStoreError(FlatCakeError):
+    """A store directory other local users could reach (not the user's own, writable by
+    others, or a link someone else planted); the message names it.  Nothing was written."""
+
+
+class StoreClosedError(FlatCakeError):
+    """A call on a store after ``close()``."""

@@ -9,7 +9,6 @@ the server's process; an offline look sees the SSD tier.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,9 +106,7 @@ def run(root: str, verify: bool, as_json: bool, ssd_bytes: int | None = None) ->
                               "damaged_segments": [d.__dict__ for d in damage]}
             rc = 1 if damage else 0
     finally:
-        store.close()
-        if store.config.ssd_path:                 # the scratch root open_existing made
-            shutil.rmtree(store.root, ignore_errors=True)
+        store.close()                             # removes the scratch root of a region
     if as_json:
         print(json.dumps(info, indent=1))
         return rc

@@ -159,14 +159,37 @@ def load_sessions(ssd, layout: KVLayout, alignment: int):
                     s.add_segment(Segment(off, geo, hdr.digests, hdr.checksums, hdr.seq,
                                           hdr.turn, hdr.first_pos))
                     s.n_blocks += hdr.n_blocks
-                    s.writes += 1
-                    s.last_write_blocks = hdr.n_blocks
+                    s.note_write(hdr.n_blocks)
                     s.tail = (int(hdr.digests[-1, 0]), int(hdr.digests[-1, 1]))
                     s.last_used = max(s.last_used, hdr.created)
         sessions.append(s)
         ends[sid] = (s.write_offset, size)
         count_session(rep, s)
     return sessions, rep, ends
+
+
+def probe_session_files(sdir: Path, layout: KVLayout, alignment: int) -> tuple[int, int]:
+    """(files whose first segment header this layout reads, files whose first block is a
+    segment header it does not): how a store without its manifest is judged."""
+    ours = foreign = 0
+    for p in sorted(sdir.glob("s*.kv")) if sdir.is_dir() else []:
+        try:
+            sid = int(p.stem[1:], 16)
+            with open(p, "rb") as f:
+                first = f.read(alignment)
+                hb = header_size_from_prefix(first)
+                if hb is None:
+                    continue                 # empty, or its first segment torn
+                f.seek(0)
+                buf = f.read(max(hb, alignment))
+        except (OSError, ValueError):
+            foreign += 1
+            continue
+        if decode_header(buf, layout, alignment, sid) is not None:
+            ours += 1
+        else:
+            foreign += 1
+    return ours, foreign
 
 
 def count_session(rep: dict, s) -> None:
@@ -194,17 +217,33 @@ def block_checksums(layer_sections: np.ndarray) -> np.ndarray:
 
 def atomic_write_json(path: Path, obj: dict, fsync: bool = True) -> None:
     """Write ``obj`` to ``path`` so that a crash leaves the old file or the new one
-    (durable across power loss only with ``fsync``)."""
+    (durable across power loss only with ``fsync``).  The temporary file is created new
+    (``O_EXCL | O_NOFOLLOW``, mode 0600: a planted link is never written through; a stale
+    one is removed first).  An ``OSError`` (a full disk) leaves no temporary file behind."""
+    from .private_fs import create_new
     tmp = path.with_name(path.name + ".tmp")
     data = json.dumps(obj, indent=1, sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = create_new(tmp)
+    except FileExistsError:
+        os.unlink(tmp)                      # left by a crash (or planted): never followed
+        fd = create_new(tmp)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     if not fsync:
         return
     dfd = os.open(path.parent, os.O_RDONLY)

@@ -66,6 +66,14 @@ class Session:
     def lineage_end(self) -> int:
         return self.parent_blocks + self.n_blocks
 
+    def note_write(self, n_blocks: int) -> None:
+        """Count one stored write batch of ``n_blocks`` (odd-numbered ones are replies);
+        the writer and recovery both call it, so a restart keeps the same counts."""
+        if self.writes % 2 == 1:
+            self.last_reply_blocks = n_blocks
+        self.writes += 1
+        self.last_write_blocks = n_blocks
+
     def add_segment(self, seg: Segment) -> None:
         self.segments.append(seg)
         self.seg_starts.append(seg.offset)

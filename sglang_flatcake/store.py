@@ -33,16 +33,19 @@ import numpy as np
 from . import address as addr
 from .address import Medium
 from .config import FlatCakeConfig
-from .errors import FlatCakeError, IOEngineError, LayoutMismatchError, NotStoredError
+from .errors import (FlatCakeError, IOEngineError, LayoutMismatchError, NotStoredError,
+                     StoreClosedError)
 from .index import KeyIndex, key_digest, key_digests
 from .io import make_engine
 from .layout import KVLayout, SegmentGeometry
 from .placement import Placement, Rule, WriteSignals, place
 from .planner import ReadPlan, SegmentRead, empty_plan, plan_reads
-from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, read_json,
-                       store_manifest)
+from .private_fs import open_file, private_dir
+from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest,
+                       probe_session_files, read_json, store_manifest)
 from .restore import VectoredReader
 from .sessions import Segment, Session
+from .store_checks import check_label, check_out, check_unique, repeated
 from .tiers.memory import HostArena
 from .tiers.reclaim import SessionUsage, choose_victims
 from .tiers.ssd import SessionFiles
@@ -100,22 +103,25 @@ class FlatCakeStore:
     """A FlatCake store rooted at a directory.  Not shared between processes.
 
     The SSD tier is a directory of session files under ``root`` (``tiers.ssd``), or, with
-    ``config.ssd_path``, one block device or pre-sized file (``tiers.region``)."""
+    ``config.ssd_path``, one block device or pre-sized file (``tiers.region``).  ``root``
+    is made private (0700) or refused when other users could reach it (``private_fs``);
+    every call after ``close()`` raises ``StoreClosedError``."""
 
     def __init__(self, root: str | os.PathLike, layout: KVLayout,
                  config: FlatCakeConfig | None = None, read_only: bool = False) -> None:
-        self.root = Path(root)
         self.layout = layout
         self.config = config or FlatCakeConfig()
         self.read_only = read_only
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._closed = True           # until the store has opened
+        self._released = False        # tier and engine closed
+        self._scratch_root = False    # open_existing made root for a region: removed on close
+        self.ssd = None
+        self.root = Path(root).resolve() if read_only else private_dir(root)
         self._lockfd = None if read_only else self._take_lock()
         self.engine = make_engine(self.config.io_engine, self.config.alignment, self.config.io_threads)
         self.index = KeyIndex()
         self.sessions: dict[int, Session] = {}
         self.arena = HostArena(0 if read_only else self.config.memory_bytes, layout.block_bytes)
-        self.ssd = None
-        self._closed = False
         self._meta = threading.RLock()
         self._write_lock = threading.Lock()
         self._next_sid = 1
@@ -126,13 +132,14 @@ class FlatCakeStore:
         try:
             self.ssd = self._make_tier()
             self._open()
+            self._closed = False
         except BaseException:
             self.close()          # a refused start leaves the directory as it was, and unlocked
             raise
 
     # ------------------------------------------------------------------ open
     def _take_lock(self):
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_file(self.root / ".lock", os.O_RDWR, create=True)[0]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -144,7 +151,7 @@ class FlatCakeStore:
     def _make_tier(self):
         if not self.config.ssd_path:
             return SessionFiles(self.root, self.engine, self.config.extent_bytes,
-                                self.config.ssd_bytes)
+                                self.config.ssd_bytes, read_only=self.read_only)
         from .tiers.region import RegionFiles   # checks the layout recorded on the medium
         return RegionFiles(self.config, self.layout, self.engine, self.read_only)
 
@@ -160,11 +167,25 @@ class FlatCakeStore:
                     raise
                 log.warning("store %s: layout mismatch, resetting it empty as asked", self.root)
                 shutil.rmtree(self.root / "sessions", ignore_errors=True)
-                self.ssd.dir.mkdir(parents=True, exist_ok=True)
+                private_dir(self.ssd.dir)
                 atomic_write_json(mpath, store_manifest(self.layout, self.config.alignment))
         elif not self.read_only:
+            self._check_orphan_sessions()
             atomic_write_json(mpath, store_manifest(self.layout, self.config.alignment))
         self._recover()
+
+    def _check_orphan_sessions(self) -> None:
+        """``flatcake.json`` is missing: session files of this layout adopt it (rewritten);
+        files of another layout refuse the start (or, with ``reset``, are deleted)."""
+        ours, foreign = probe_session_files(self.ssd.dir, self.layout, self.config.alignment)
+        if foreign and self.config.on_layout_mismatch != "reset":
+            raise LayoutMismatchError(
+                f"store {self.root} has no {STORE_MANIFEST} but {foreign} session files whose "
+                "segments were written with another layout; restore the manifest, point the "
+                "store at another directory, or start it with on_layout_mismatch=reset")
+        if foreign or ours:
+            log.warning("store %s: %s was missing; %d session files of this layout kept, %d of "
+                        "another layout deleted", self.root, STORE_MANIFEST, ours, foreign)
 
     @classmethod
     def open_existing(cls, root: str | os.PathLike, config: FlatCakeConfig | None = None,
@@ -181,13 +202,21 @@ class FlatCakeStore:
             m, region_bytes = read_region_manifest(root)
             base = FlatCakeConfig(**{**base.to_dict(), "ssd_path": str(root),
                                      "ssd_bytes": region_bytes})
-            root = tempfile.mkdtemp(prefix="flatcake-inspect-")
+            scratch = root = tempfile.mkdtemp(prefix="flatcake-inspect-")
         else:
+            scratch = None
             m = read_json(Path(root) / STORE_MANIFEST)
         layout = KVLayout.from_dict(m["layout"])
         if base.alignment != m.get("alignment"):
             base = FlatCakeConfig(**{**base.to_dict(), "alignment": m["alignment"]})
-        return cls(root, layout, base, read_only=read_only)
+        try:
+            st = cls(root, layout, base, read_only=read_only)
+        except BaseException:
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        st._scratch_root = scratch is not None
+        return st
 
     def _recover(self) -> None:
         """Rebuild sessions and the index from manifests and segment headers."""
@@ -211,6 +240,10 @@ class FlatCakeStore:
                 # zero a torn header, if any, so a later scan cannot misread it
                 self.ssd.zero_at(s.sid, torn_at, self.config.alignment)
         for s in self.sessions.values():
+            if s.parent is not None and s.parent >= s.sid:   # a parent is always older
+                log.warning("store %s: session %d names %d as its parent; treated as a root",
+                            self.root, s.sid, s.parent)
+                s.parent, rep["bad_parents"] = None, rep["bad_parents"] + 1
             if s.parent in self.sessions:
                 self.sessions[s.parent].children.add(s.sid)
         if not self.read_only:
@@ -236,10 +269,14 @@ class FlatCakeStore:
         ``prefix_keys`` are the keys before ``keys[0]`` in the chain; they decide
         whether the write continues a session, branches one, or starts one.
         Never raises for a full disk or capacity: those blocks are reported as
-        ``failed`` and nothing of them is kept.
+        ``failed`` and nothing of them is kept.  A key named twice in one batch, or a
+        ``label`` that is not a str of at most 256 UTF-8 bytes, raises ``ValueError``
+        (``TypeError``) before anything is written.
         """
+        self._check_open()
         if self.read_only:
             raise FlatCakeError("store is open read-only")
+        check_label(label)
         n = len(keys)
         blocks = self._as_blocks(blocks, n)
         if n == 0:
@@ -250,7 +287,9 @@ class FlatCakeStore:
         if len(sigs) != n:
             raise ValueError(f"put: {len(sigs)} signals for {n} keys")
         dig = key_digests(keys)
+        check_unique(keys, dig)
         with self._write_lock:
+            self._check_open()             # close() may have run while this call waited
             with self._meta:
                 _, found = self.index.lookup_digests(dig)
                 new = np.nonzero(~found)[0]
@@ -326,15 +365,27 @@ class FlatCakeStore:
         with self._meta:
             tentative = [place(sg, True, self.config) for sg in sigs]
             want_mem = sum(p.medium == Medium.MEMORY for p in tentative)
-            mem_ok = want_mem <= self.arena.free_slots
+            # take the memory slots now: a read's promotion (no write lock) may not take
+            # them between this check and their use
+            reserved = self.arena.alloc(want_mem, s.sid) if want_mem else []
+        mem_ok = reserved is not None
+        reserved = reserved or []
+        try:
+            return self._put_placed(s, dig, blocks, sigs, existing, tentative, mem_ok, reserved)
+        finally:
+            if reserved:                         # what the batch did not use (a failed write)
+                with self._meta:
+                    self.arena.free(reserved)
+
+    def _put_placed(self, s: Session, dig: np.ndarray, blocks: np.ndarray,
+                    sigs: list[WriteSignals], existing: int, tentative: list[Placement],
+                    mem_ok: bool, reserved: list[int]) -> PutResult:
+        n = len(dig)
         placements = tuple(p if (mem_ok or p.medium == Medium.SSD) else place(sg, False, self.config)
                            for p, sg in zip(tentative, sigs))
         for p in placements:
             self.counters[f"placement_{p.rule.value}"] += 1
         ssd_idx = [i for i, p in enumerate(placements) if p.medium == Medium.SSD]
-        if ssd_idx and not s.durable:     # a memory-only session needs nothing on disk
-            self.ssd.open_session(s, fsync=self.config.durable)
-            s.durable = True
         mem_idx = [i for i, p in enumerate(placements) if p.medium == Medium.MEMORY]
         keep = n  # blocks [0, keep) are stored; a failure truncates the batch there
         error = None
@@ -342,6 +393,9 @@ class FlatCakeStore:
         first_pos = s.lineage_end
         if ssd_idx:
             try:
+                if not s.durable:     # a memory-only session needs nothing on disk
+                    self.ssd.open_session(s, fsync=self.config.durable)
+                    s.durable = True
                 seg = self._write_segment(s, dig[ssd_idx], blocks[ssd_idx], first_pos, sigs[0].turn)
             except NotStoredError as e:
                 error = str(e)
@@ -357,8 +411,8 @@ class FlatCakeStore:
                 self.counters["ssd_bytes_written"] += seg.n_blocks * self.layout.block_bytes
                 self.ssd.note_segment()
             if mem_idx:
-                slots = self.arena.alloc(len(mem_idx), s.sid)
-                assert slots is not None  # checked above under the write lock
+                slots = reserved[:len(mem_idx)]
+                del reserved[:len(mem_idx)]
                 self.arena.buf[slots] = blocks[mem_idx].reshape(len(mem_idx), -1)
                 for slot, i in zip(slots, mem_idx):
                     s.memory_pos[slot] = first_pos + i
@@ -371,10 +425,7 @@ class FlatCakeStore:
                 self.counters["memory_blocks_written"] += len(mem_idx)
             stored = (seg.n_blocks if seg is not None else 0) + len(mem_idx)
             if stored:
-                if s.writes % 2 == 1:
-                    s.last_reply_blocks = stored
-                s.writes += 1
-                s.last_write_blocks = stored
+                s.note_write(stored)
                 s.n_blocks += stored
                 s.tail = (int(dig[keep - 1, 0]), int(dig[keep - 1, 1]))
                 s.last_used = time.time()
@@ -407,6 +458,7 @@ class FlatCakeStore:
     # ------------------------------------------------------------------ read
     def exists(self, keys: Sequence[str]) -> int:
         """Length of the leading run of ``keys`` that are stored."""
+        self._check_open()
         if not keys:
             return 0
         with self._meta:
@@ -416,6 +468,7 @@ class FlatCakeStore:
 
     def lineage(self, key: str) -> Lineage | None:
         """What the store knows of the session that holds ``key`` (None for a miss)."""
+        self._check_open()
         dig = np.frombuffer(key_digest(key), "<u8").reshape(1, 2)
         with self._meta:
             a, ok = self.index.lookup_digests(dig)
@@ -424,7 +477,9 @@ class FlatCakeStore:
             sid, pos = self._owner_and_position(int(a[0]))
             s = self.sessions[sid]
             writes, p = s.writes, self.sessions.get(s.parent) if s.parent is not None else None
-            while p is not None:          # earlier turns of the lineage live in the parents
+            seen = {sid}
+            while p is not None and p.sid not in seen:   # earlier turns live in the parents
+                seen.add(p.sid)
                 writes += p.writes
                 p = self.sessions.get(p.parent) if p.parent is not None else None
             return Lineage(sid, writes, s.last_write_blocks, s.last_reply_blocks, pos + 1,
@@ -432,6 +487,7 @@ class FlatCakeStore:
 
     def locate(self, keys: Sequence[str]) -> list[addr.Address | None]:
         """The address of each key, or ``None`` for a miss (one index lookup per key)."""
+        self._check_open()
         with self._meta:
             a, found = self.index.lookup_digests(key_digests(keys))
         return [addr.decode(int(x)) if ok else None for x, ok in zip(a, found)]
@@ -481,6 +537,7 @@ class FlatCakeStore:
 
     def plan(self, keys: Sequence[str], split_layers: bool = True) -> ReadPlan:
         """The SSD read plan for the leading stored run of ``keys`` (no I/O, no pins kept)."""
+        self._check_open()
         res = self._resolve(keys, pin=False)
         if not res.reads:
             return empty_plan(self.layout.block_layer_bytes)
@@ -497,8 +554,14 @@ class FlatCakeStore:
 
         Returns how many leading blocks were restored *and verified*: a block
         whose checksum fails is a miss (it and everything after it), never
-        wrong bytes.  An I/O error fails the whole read (``hits == 0``).
+        wrong bytes.  An I/O error fails the whole read (``hits == 0``).  ``out`` must be
+        C-contiguous (``ValueError``).  A key may repeat: ``hits`` counts positions served,
+        ``from_memory``/``from_ssd`` the distinct blocks read.
         """
+        out = self._check_get(keys, out)
+        again = repeated(keys)
+        if again is not None:
+            return self._get_repeated(keys, again, out)
         n_keys = len(keys)
         out = self._as_blocks(out, n_keys) if n_keys else out
         res = self._resolve(keys, pin=True)
@@ -531,6 +594,23 @@ class FlatCakeStore:
         return GetResult(hits, mem_hits, hits - mem_hits, plan.read_commands, plan.bytes_read,
                          plan.bytes_wanted, int(bad.sum()))
 
+    def _check_get(self, keys: Sequence[str], out) -> np.ndarray:
+        """``get``'s argument check (before any pin is taken)."""
+        self._check_open()
+        return check_out(out)
+
+    def _get_repeated(self, keys: Sequence[str], again, out: np.ndarray) -> GetResult:
+        """``get`` of a key list with repeats: the distinct keys once, then copied where asked."""
+        distinct, pos = again
+        out = self._as_blocks(out, len(keys))
+        tmp = self.alloc_blocks(len(distinct))
+        g = self.get(distinct, tmp)
+        late = np.nonzero(pos >= g.hits)[0]
+        hits = int(late[0]) if len(late) else len(keys)
+        out[:hits] = tmp[pos[:hits]]
+        return GetResult(hits, g.from_memory, g.from_ssd, g.read_commands, g.bytes_read,
+                         g.bytes_wanted, g.corrupt)
+
     def restore_to_slots(self, keys: Sequence[str], dest_k, dest_v, slot_indices, window=None,
                          order: str = "layer"):
         """Restore straight into paged KV slots through the two-layer window (no staging).
@@ -539,6 +619,7 @@ class FlatCakeStore:
         pools; see ``window.restore_through_window`` for the contract.
         """
         from .window import restore_through_window
+        self._check_open()
         return restore_through_window(self, keys, dest_k, dest_v, slot_indices, window=window,
                                       order=order)
 
@@ -618,6 +699,7 @@ class FlatCakeStore:
 
     def reclaim(self) -> list[int]:
         """Run reclaim now; returns the freed session ids."""
+        self._check_open()
         with self._write_lock:
             return self._maybe_reclaim()
 
@@ -637,6 +719,7 @@ class FlatCakeStore:
 
     def clear(self) -> int:
         """Free every session no reader holds; returns how many were freed."""
+        self._check_open()
         with self._write_lock, self._meta:
             victims = [s for s in self.sessions.values() if s.readers == 0]
             for s in sorted(victims, key=lambda s: -s.sid):   # branches before parents
@@ -645,6 +728,7 @@ class FlatCakeStore:
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
+        self._check_open()
         with self._meta:
             ssd_blocks = sum(sum(g.n_blocks for g in s.segments) for s in self.sessions.values())
             mem_blocks = sum(len(s.memory_slots) for s in self.sessions.values())
@@ -679,17 +763,28 @@ class FlatCakeStore:
             except (IOEngineError, NotStoredError) as e:
                 log.warning("flatcake: checkpoint failed (recovery will scan instead): %s", e)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.root} is closed")
+
     def close(self) -> None:
-        """Checkpoint (region medium), stop I/O and release the store directory."""
-        if self.ssd is not None and not self._closed:
-            if not self.read_only:
+        """Checkpoint (region medium), stop I/O and release the store directory.  Waits
+        for a write in flight; a second call does nothing."""
+        with self._write_lock:
+            was_open, self._closed = not self._closed, True
+            if was_open and not self.read_only:
                 self._checkpoint()
-            self.ssd.close()
-        self._closed = True
-        self.engine.close()
-        if self._lockfd is not None:
-            os.close(self._lockfd)
-            self._lockfd = None
+            if not self._released:       # also after a refused start (never opened)
+                self._released = True
+                if self.ssd is not None:
+                    self.ssd.close()
+                self.engine.close()
+            if self._lockfd is not None:
+                os.close(self._lockfd)
+                self._lockfd = None
+            if self._scratch_root:
+                shutil.rmtree(self.root, ignore_errors=True)
+                self._scratch_root = False
 
     def __enter__(self) -> "FlatCakeStore":
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
 
 import numpy as np
 import pytest
@@ -44,3 +45,21 @@ def layout() -> KVLayout:
 def config() -> FlatCakeConfig:
     return FlatCakeConfig(memory_bytes=4 << 20, ssd_bytes=256 << 20, extent_bytes=1 << 20,
                           io_threads=2)
+
+
+def mount_small_fs(mnt, size: str = "3m") -> None:
+    """Mount a small private tmpfs at ``mnt`` (a real full disk); skip where mounting is not
+    allowed (no root)."""
+    mnt.mkdir(exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                        str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a small filesystem here: " + r.stderr.decode().strip())
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mnt = tmp_path / "small"
+    mount_small_fs(mnt)
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 
 import numpy as np
@@ -248,18 +247,6 @@ def test_capacity_cap_fails_the_write_cleanly(tmp_path, layout):
         g, out = restore(st, small)
         assert g.hits == 2 and np.array_equal(out, blocks_for(layout, small))
         assert st.stats()["writes_not_stored"] == 1
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
-                       capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a small filesystem here: " + r.stderr.decode().strip())
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_full_disk_fails_the_write_and_everything_else_goes_on(small_fs, layout):

@@ -97,14 +97,15 @@ class FileTable:
                 return got
             if self.check is not None:
                 self.check(path)
-            flags, d = os.O_RDWR | (os.O_CREAT if create else 0), self.want_direct
+            from ..private_fs import open_file
+            d = self.want_direct
             try:
-                try:
-                    got = (os.open(path, flags | (O_DIRECT if d else 0), 0o644), d)
+                try:     # a new file is created O_EXCL, 0600; no open follows a symlink
+                    got = (open_file(path, os.O_RDWR | (O_DIRECT if d else 0), create)[0], d)
                 except OSError as e:
                     if not d or e.errno != errno.EINVAL:
                         raise
-                    got = (os.open(path, flags, 0o644), False)
+                    got = (open_file(path, os.O_RDWR, create)[0], False)
                     self.buffered.add(path)
             except OSError as e:
                 raise IOEngineError(e.errno, f"open {path}: {e.strerror}") from None

@@ -19,6 +19,7 @@ import threading
 from typing import Sequence
 
 from ..errors import IOEngineError
+from ..private_fs import open_file
 from .base import IOEngine, ReadCommand, check_commands
 
 
@@ -112,7 +113,7 @@ class KvikioEngine(IOEngine):
             if f is None:
                 try:
                     if mode == "r+" and not os.path.exists(path):
-                        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+                        os.close(open_file(path, os.O_RDWR, create=True)[0])
                     f = self._kv.CuFile(path, mode)
                 except OSError as e:
                     raise IOEngineError(e.errno, f"open {path}: {e.strerror}") from None
@@ -173,7 +174,7 @@ class KvikioEngine(IOEngine):
 
     def allocate(self, path: str, size: int) -> None:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_file(path, os.O_RDWR, create=True)[0]
             try:
                 cur = os.fstat(fd).st_size
                 if size > cur:

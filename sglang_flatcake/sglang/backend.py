@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 
-from ..config import FlatCakeConfig
+from ..config import FlatCakeConfig, default_store_dir
 from ..errors import ConfigError
 from ..placement import WriteSignals
 from ..store import FlatCakeStore
+from ..store_checks import label_for
 from . import signals as signal_board
 from .pages import HostPages
 
@@ -116,7 +117,7 @@ class FlatCakeStorage(HiCacheStorage):
                 "flatcake: MLA models with --tp-size > 1 are not supported yet (only one rank "
                 "writes MLA pages, and each rank owns its own store); use --tp-size 1")
         root = (self.config.store_dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
-                or rest.get("file_storage_path") or "/tmp/flatcake")
+                or rest.get("file_storage_path") or default_store_dir())
         self.dir = rank_dir(root, storage_config)
         if self.config.ssd_path:
             import dataclasses
@@ -172,7 +173,7 @@ class FlatCakeStorage(HiCacheStorage):
         blocks = self.pages.gather(host_indices)
         sigs = self._signals(keys, prefix)
         seen = signal_board.BOARD.lookup(keys[0])
-        label = (seen.session_id or "") if seen is not None else ""
+        label = label_for(seen.session_id) if seen is not None else ""
         res = self.store.put(keys, blocks, prefix_keys=prefix, signals=sigs, label=label)
         ok = res.stored + res.existing
         return [i < ok for i in range(len(keys))]

@@ -12,8 +12,8 @@ It refuses with ``UnsafeMediumError`` (saying why, having written nothing):
   pre-existing file with any non-zero byte in its first ``PROBE_BYTES`` that is not a
   flatcake region (``is_ours(first_bytes)``).
 
-A missing file is created and pre-sized to ``new_bytes`` with fallocate; an empty one
-is grown to it.  The logical block size comes from ``BLKSSZGET`` (4 KiB for a file).
+A missing file is created (mode 0600, ``O_EXCL``: never through a dangling symlink) and
+pre-sized to ``new_bytes`` with fallocate; an empty one is grown to it.  The logical block size comes from ``BLKSSZGET`` (4 KiB for a file).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import UnsafeMediumError
+from ..private_fs import create_new
 
 BLKSSZGET, BLKGETSIZE64 = 0x1268, 0x80081272
 PROBE_BYTES = 128 << 10          # covers every signature below (btrfs sits at 64 KiB + 64)
@@ -151,7 +152,15 @@ def open_medium(path: str, new_bytes: int, force: bool,
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise UnsafeMediumError(f"{path} is neither a block device nor a regular file")
     created = st is None
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if created:         # a new region file: created O_EXCL, 0600, never through a symlink
+        try:
+            fd = create_new(path, os.O_RDWR)
+        except FileExistsError:
+            raise UnsafeMediumError(f"{path} is a dangling symlink (or appeared while it was "
+                                    "being created); refusing to create the region through "
+                                    "it") from None
+    else:
+        fd = os.open(path, os.O_RDWR)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

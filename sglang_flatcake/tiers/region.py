@@ -28,6 +28,7 @@ Durability contract (what recovery relies on):
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 
@@ -44,6 +45,8 @@ from . import region_meta as rm
 from .extents import ExtentAllocator
 from .medium import open_medium
 from .ssd import write_segment_at
+
+log = logging.getLogger("sglang_flatcake")
 
 
 class RegionFiles:
@@ -78,15 +81,16 @@ class RegionFiles:
 
     # ---------------------------------------------------------------- medium
     def _open_layout(self) -> None:
-        got = rm.decode_super(self._read(0, self.config.alignment))
+        a = self.config.alignment
+        two = self._read(0, 2 * a) if self.medium.size >= 2 * a else b""
+        got = rm.decode_super(two[:a]) or rm.decode_super(two[a:])
         manifest = store_manifest(self.layout, self.config.alignment)
         if got is not None:
             self.geo, self.uuid, _, stored = got
             try:
                 check_store_manifest(stored, self.layout, self.config.alignment, self.path_)
-                if self.geo.region_bytes > self.medium.size:
-                    raise StoreCorruptError(f"{self.path_}: region of {self.geo.region_bytes} "
-                                            f"bytes on a medium of {self.medium.size}")
+                self._check_size()
+                self._repair_super(two)
                 return
             except LayoutMismatchError:
                 if self.read_only or self.config.on_layout_mismatch != "reset":
@@ -94,6 +98,32 @@ class RegionFiles:
         elif self.read_only:
             raise FlatCakeError(f"{self.path_} holds no flatcake region")
         self._format(manifest)
+
+    def _check_size(self) -> None:
+        """A medium shorter than its region: refused for a device, or a file cut inside the
+        metadata; a file whose cut tail held no committed data opens (see ``load``)."""
+        self.short_bytes = max(0, self.geo.region_bytes - self.medium.size)
+        if self.short_bytes and (self.medium.kind != "file"
+                                 or self.medium.size < self.geo.data_off):
+            raise StoreCorruptError(f"{self.path_}: region of {self.geo.region_bytes} bytes on a "
+                                    f"medium of {self.medium.size}")
+
+    def _repair_super(self, two: bytes) -> None:
+        """Rewrite a damaged superblock (or its copy) from the good one."""
+        a = self.config.alignment
+        copies = [0, a] if self.geo.journal_off >= 2 * a else [0]
+        bad = [o for o in copies if rm.decode_super(two[o:o + a]) is None]
+        if not bad:
+            return
+        log.warning("flatcake: %s: superblock %s damaged%s", self.path_,
+                    " and ".join("copy" if o else "primary" for o in bad),
+                    "" if self.read_only else "; rewritten from the other copy")
+        if self.read_only:
+            return
+        good = np.frombuffer(two[(set(copies) - set(bad)).pop():][:a], np.uint8)
+        for o in bad:
+            self._write(o, good.copy(), 0, self.geo.journal_off)
+        self.engine.sync(self.path_)
 
     def _format(self, manifest: dict) -> None:
         a = self.config.alignment
@@ -104,8 +134,11 @@ class RegionFiles:
                 f"area takes {geo.data_off} bytes and one extent {geo.extent_bytes} more")
         self.geo, self.uuid = geo, secrets.token_bytes(16)
         self._write(geo.journal_off, np.zeros(geo.ckpt_off[1] + a - geo.journal_off, np.uint8), 0)
-        self._write(0, rm.encode_super(geo, self.uuid, self.medium.block_size, manifest), 0)
+        sb = rm.encode_super(geo, self.uuid, self.medium.block_size, manifest)
+        for off in (0, a):                            # the superblock and its copy
+            self._write(off, sb, 0, geo.journal_off)
         self.engine.sync(self.path_)
+        self.short_bytes = 0
         self.fresh_sid = new_sid_base()
 
     def close(self, unlink_new: bool = False) -> None:
@@ -210,11 +243,13 @@ class RegionFiles:
                                s.created if s else 0.0, s.label if s else "")
         try:
             self._journal(rec, sync=self.durable)
-        except (IOEngineError, FlatCakeError) as e:
+        except BaseException as e:         # whatever failed, the run goes back
             self.alloc.give(start, count)
             if not ex:
                 del self._extents[sid]
-            raise NotStoredError(f"cannot record an extent run in {self.path_}: {e}") from None
+            if isinstance(e, (IOEngineError, FlatCakeError)):
+                raise NotStoredError(f"cannot record an extent run in {self.path_}: {e}") from None
+            raise
         self._map(sid, start, count)
 
     def _map(self, sid: int, start: int, count: int) -> None:
@@ -304,7 +339,33 @@ class RegionFiles:
     # ---------------------------------------------------------------- recovery
     def load(self, layout, alignment: int, start_empty: bool = False):
         from .region_recovery import recover
-        return recover(self, start_empty)
+        got = recover(self, start_empty)
+        if self.short_bytes:
+            self._accept_short(got[0])
+        return got
+
+    def _accept_short(self, sessions) -> None:
+        """The file lost ``short_bytes`` of its tail: refused when a committed segment lay
+        there; otherwise the file is grown back (zeros) with a warning."""
+        cut = self.medium.size
+        lost = sorted({s.sid for s in sessions for g in s.segments
+                       if self.io_at(s.sid, g.offset)[1] + g.geometry.total_bytes > cut})
+        if lost:
+            raise StoreCorruptError(
+                f"{self.path_}: the file is {self.short_bytes} bytes shorter than its region and "
+                f"sessions {lost[:8]} had committed data in the lost tail; restore the file, or "
+                "start it with start_empty=true to keep the region and forget its contents")
+        log.warning("flatcake: %s is %d bytes shorter than its region; no committed data was "
+                    "in the lost tail%s", self.path_, self.short_bytes,
+                    "" if self.read_only else ", grown back to its size")
+        if not self.read_only:
+            try:
+                os.posix_fallocate(self.medium.lock_fd, cut, self.geo.region_bytes - cut)
+            except OSError as e:
+                raise StoreCorruptError(f"{self.path_}: cannot grow it back to "
+                                        f"{self.geo.region_bytes} bytes: {e.strerror}") from None
+            self.medium.size = self.geo.region_bytes
+        self.short_bytes = 0
 
 
 def new_sid_base() -> int:

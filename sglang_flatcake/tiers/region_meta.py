@@ -3,10 +3,13 @@
 Layout of the region (every offset and length a multiple of ``alignment``, itself a
 multiple of the device's logical block size)::
 
-    [superblock: 1 block][journal: JOURNAL_SLOTS blocks][checkpoint A][checkpoint B][data ...]
+    [superblock][its copy][journal: JOURNAL_SLOTS blocks][checkpoint A][checkpoint B][data ...]
 
 - superblock: magic, version, region uuid, the geometry below and the store manifest
-  (format version, layout, alignment) as JSON, checksummed.  Written once, at format.
+  (format version, layout, alignment) as JSON, checksummed.  Written at format, twice
+  (blocks 0 and 1, as filesystems keep a backup): a damaged copy is rewritten from the
+  other at start-up.  A region made before the copy existed has its journal at block 1
+  (``journal_off == alignment``) and one superblock.
 - journal record (one block, slot ``gen % JOURNAL_SLOTS``): ``alloc`` (a run of
   extents given to a session, with the session's parent, branch point and label) or
   ``free`` (a session's runs returned), numbered by ``gen``, checksummed, tagged with
@@ -75,7 +78,7 @@ class Geometry:
         max_segs = region_bytes // (a + layout.block_bytes) + 1
         ckpt = align_up(2 * a + max_ext * (_SESS.itemsize + LABEL_MAX + _RUN.itemsize)
                         + max_segs * _SEG.itemsize + max_blocks * (16 + 8 * layout.layers), a)
-        j = a
+        j = 2 * a                            # blocks 0 and 1: the superblock and its copy
         c0 = j + JOURNAL_SLOTS * a
         data = align_up(c0 + 2 * ckpt, max(a, 1 << 20))
         n = max(0, (region_bytes - data) // extent_bytes)
@@ -111,12 +114,25 @@ def decode_super(buf: bytes) -> tuple[Geometry, bytes, int, dict] | None:
     return geo, uuid, bsz, json.loads(buf[_SUPER.size:end])
 
 
+def find_super(buf: bytes) -> tuple[Geometry, bytes, int, dict] | None:
+    """The superblock at the start of ``buf``, else its copy one block later (the block
+    size, unknown before decoding, is tried from 512 bytes up)."""
+    sb = decode_super(buf)
+    off = 512
+    while sb is None and 2 * off <= len(buf):
+        got = decode_super(buf[off:])
+        if got is not None and got[0].alignment == off and got[0].journal_off == 2 * off:
+            sb = got
+        off *= 2
+    return sb
+
+
 def read_region_manifest(path) -> tuple[dict, int]:
-    """(store manifest, region bytes) from the superblock of the region at ``path``."""
+    """(store manifest, region bytes) from the superblock (or its copy) at ``path``."""
     from ..errors import StoreCorruptError
     with open(path, "rb") as f:
-        buf = f.read(64 << 10)
-    sb = decode_super(buf)
+        buf = f.read(128 << 10)
+    sb = find_super(buf)
     if sb is None:
         raise StoreCorruptError(f"{path}: not a flatcake store directory, and no valid flatcake "
                                 f"region superblock at its start")
@@ -124,7 +140,7 @@ def read_region_manifest(path) -> tuple[dict, int]:
 
 
 def is_region(buf: bytes) -> bool:
-    return decode_super(buf) is not None
+    return find_super(buf) is not None
 
 
 # -- journal ------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from .. import FORMAT_VERSION
 from ..errors import LayoutMismatchError, StoreCorruptError
 from ..layout import SegmentGeometry, align_up
@@ -42,8 +44,10 @@ def newest_checkpoint(t, rep: Counter) -> rm.Checkpoint | None:
     return None
 
 
-def journal_after(t, gen: int) -> list[rm.JournalRecord]:
-    """Records ``gen + 1, gen + 2, ...`` up to the first missing or torn one."""
+def journal_after(t, gen: int) -> tuple[list[rm.JournalRecord], list[int]]:
+    """(records ``gen + 1, gen + 2, ...`` up to the first missing or torn one, slots that
+    hold a valid record numbered past those): the second are leftovers beyond a torn
+    record, which new records would otherwise join as if current."""
     a, slots = t.config.alignment, t.geo.journal_slots
     buf = t._read(t.geo.journal_off, slots * a)
     out = []
@@ -52,14 +56,31 @@ def journal_after(t, gen: int) -> list[rm.JournalRecord]:
         if r is None or r.gen != g:
             break
         out.append(r)
-    return out
+    last = out[-1].gen if out else gen
+    stale = []
+    for i in range(slots):
+        r = rm.decode_record(buf[i * a:(i + 1) * a], t.uuid)
+        if r is not None and r.gen > last:
+            stale.append(i)
+    return out, stale
+
+
+def erase_slots(t, stale: list[int], rep: Counter) -> None:
+    """Zero journal slots holding leftovers (synced), so no later start replays them."""
+    if not stale or t.read_only:
+        return
+    a = t.config.alignment
+    lo, hi = t.geo.journal_off, t.geo.journal_off + t.geo.journal_slots * a
+    for i in stale:
+        t._write(lo + i * a, np.zeros(a, np.uint8), lo, hi)
+    t.engine.sync(t.path_)
+    rep["stale_journal_records"] += len(stale)
 
 
 def _add(s: Session, seg: Segment, created: float = 0.0) -> None:
     s.add_segment(seg)
     s.n_blocks += seg.n_blocks
-    s.writes += 1
-    s.last_write_blocks = seg.n_blocks
+    s.note_write(seg.n_blocks)
     s.tail = (int(seg.digests[-1, 0]), int(seg.digests[-1, 1]))
     s.last_used = max(s.last_used, created)
 
@@ -79,9 +100,11 @@ def _header_at(t, sid: int, off: int, end: int):
     if off + a > end:
         return None
     phys = t.io_at(sid, off)[1]
+    if phys + a > t.medium.size:            # a file cut short: nothing past its end
+        return None
     first = t._read(phys, a)
     hb = header_size_from_prefix(first)
-    if hb is None or hb % a or off + hb > end:
+    if hb is None or hb % a or off + hb > end or phys + hb > t.medium.size:
         return None
     return decode_header(first if hb == a else t._read(phys, hb), t.layout, a, sid)
 
@@ -117,7 +140,8 @@ def recover(t, start_empty: bool):
     rep: Counter = Counter()
     a = t.config.alignment
     ck = newest_checkpoint(t, rep)
-    recs = journal_after(t, ck.gen if ck else 0)
+    recs, stale = journal_after(t, ck.gen if ck else 0)
+    erase_slots(t, stale, rep)
     t.ckpt_seq, t.ckpt_gen = (ck.seq, ck.gen) if ck else (0, 0)
     t.gen = recs[-1].gen if recs else t.ckpt_gen
     next_sid = ck.next_sid if ck else (t.fresh_sid or new_sid_base())

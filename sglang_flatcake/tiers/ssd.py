@@ -29,6 +29,7 @@ from ..address import MAX_OFFSET
 from ..errors import IOEngineError, NotStoredError
 from ..io.base import IOEngine
 from ..layout import SegmentGeometry
+from ..private_fs import private_dir
 from ..recovery import (SegmentHeader, atomic_write_json, block_checksums, load_sessions)
 from ..sessions import Segment, Session
 
@@ -65,9 +66,10 @@ def write_segment_at(engine: IOEngine, path: str, offset: int, geo: SegmentGeome
 
 class SessionFiles:
     def __init__(self, root: Path, engine: IOEngine, extent_bytes: int, capacity_bytes: int,
-                 max_step_bytes: int = 256 << 20) -> None:
+                 max_step_bytes: int = 256 << 20, read_only: bool = False) -> None:
         self.dir = root / "sessions"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            self.dir = private_dir(self.dir)      # 0700; refused if others can reach it
         self.engine = engine
         self.extent_bytes = extent_bytes
         self.capacity_bytes = capacity_bytes
@@ -106,10 +108,16 @@ class SessionFiles:
     next_sid = 1                  # session ids start here (recovery raises it)
 
     def open_session(self, s: Session, fsync: bool) -> None:
-        """Make the session's lineage durable before its first segment (its manifest)."""
-        atomic_write_json(self.manifest_path(s.sid), {
-            "session": s.sid, "parent": s.parent, "parent_blocks": s.parent_blocks,
-            "created": s.created, "label": s.label}, fsync=fsync)
+        """Make the session's lineage durable before its first segment (its manifest).
+        ``NotStoredError`` (nothing left behind) when it cannot be written, e.g. a full disk."""
+        try:
+            atomic_write_json(self.manifest_path(s.sid), {
+                "session": s.sid, "parent": s.parent, "parent_blocks": s.parent_blocks,
+                "created": s.created, "label": s.label}, fsync=fsync)
+        except OSError as e:
+            what = "disk full" if e.errno == errno.ENOSPC else "cannot write"
+            raise NotStoredError(f"{what}: session manifest {self.manifest_path(s.sid)}: "
+                                 f"{e.strerror or e}") from None
 
     def growth(self, sid: int, offset: int, nbytes: int) -> int:
         """Bytes of new space a segment of ``nbytes`` at ``offset`` needs (at least)."""

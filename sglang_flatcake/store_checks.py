@@ -1,0 +1,77 @@
+"""Argument checks of the store's calls: what a caller may pass, refused with a clear error.
+
+- ``check_label(label)``: a session label is a ``str`` of at most ``LABEL_MAX`` UTF-8
+  bytes (what both media keep); ``ValueError`` / ``TypeError`` naming it otherwise.
+  ``label_for(client_id)`` turns any client session id into such a label (a long or
+  unencodable one becomes a digest of it), for adapters.
+- ``check_unique(keys, digests)``: one batch of ``put`` names each key once
+  (``ValueError`` naming the repeated key and its positions).
+- ``repeated(keys)``: for ``get``, ``(distinct keys in first-seen order, position of
+  each key in them)`` when a key repeats, else ``None``.
+- ``check_out(out)``: ``get`` writes into ``out`` in place, so ``out`` must be a writable
+  C-contiguous array (``ValueError`` otherwise: a copy would be filled, not ``out``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import numpy as np
+
+from .tiers.region_meta import LABEL_MAX
+
+
+def check_label(label) -> None:
+    if not isinstance(label, str):
+        raise TypeError(f"put: label must be a str, got {type(label).__name__} {label!r}")
+    try:
+        n = len(label.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise ValueError(f"put: label {label!r} is not valid UTF-8 ({e.reason} at {e.start})") \
+            from None
+    if n > LABEL_MAX:
+        raise ValueError(f"put: label of {n} UTF-8 bytes ({label[:40]!r}...) exceeds "
+                         f"{LABEL_MAX}; use store_checks.label_for to shorten a client id")
+
+
+def label_for(client_id) -> str:
+    """A label for any client session id: itself when it fits, else ``sha256:<hex>`` of it."""
+    s = "" if client_id is None else str(client_id)
+    try:
+        if len(s.encode("utf-8")) <= LABEL_MAX:
+            return s
+    except UnicodeEncodeError:
+        pass
+    return "sha256:" + hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_unique(keys: Sequence[str], digests: np.ndarray) -> None:
+    if len(digests) < 2:
+        return
+    _, first, inv, counts = np.unique(digests, axis=0, return_index=True, return_inverse=True,
+                                      return_counts=True)
+    if counts.max() > 1:
+        g = int(np.argmax(counts > 1))
+        pos = np.nonzero(inv.reshape(-1) == g)[0].tolist()
+        raise ValueError(f"put: key {keys[int(first[g])]!r} appears {len(pos)} times in one "
+                         f"batch (positions {pos}); a chain names each block once")
+
+
+def repeated(keys: Sequence[str]) -> tuple[list[str], np.ndarray] | None:
+    seen: dict[str, int] = {}
+    pos = [seen.setdefault(k, len(seen)) for k in keys]
+    if len(seen) == len(keys):
+        return None
+    return list(seen), np.asarray(pos, np.int64)
+
+
+def check_out(out) -> np.ndarray:
+    b = np.asarray(out)
+    if not b.flags.c_contiguous:
+        raise ValueError(f"get: out must be C-contiguous (shape {b.shape}, strides {b.strides}); "
+                         "its bytes are filled in place. Use alloc_blocks(n) or "
+                         "np.ascontiguousarray")
+    if not b.flags.writeable:
+        raise ValueError("get: out is read-only")
+    return b
