@@ -34,7 +34,7 @@ from . import address as addr
 from .address import Medium
 from .config import FlatCakeConfig
 from .errors import (FlatCakeError, IOEngineError, LayoutMismatchError, NotStoredError,
-                     StoreClosedError)
+                     StoreClosedError, UnsafeStoreError)
 from .index import KeyIndex, key_digest, key_digests
 from .io import make_engine
 from .layout import KVLayout, SegmentGeometry
@@ -139,7 +139,11 @@ class FlatCakeStore:
 
     # ------------------------------------------------------------------ open
     def _take_lock(self):
-        fd = open_file(self.root / ".lock", os.O_RDWR, create=True)[0]
+        try:
+            fd = open_file(self.root / ".lock", os.O_RDWR, create=True)[0]
+        except OSError as e:
+            raise UnsafeStoreError(f"cannot open the lock file {self.root / '.lock'}: "
+                                   f"{e.strerror} (a symlink is never followed)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import heapq
+import logging
 import os
 from pathlib import Path
 
@@ -29,9 +30,11 @@ from ..address import MAX_OFFSET
 from ..errors import IOEngineError, NotStoredError
 from ..io.base import IOEngine
 from ..layout import SegmentGeometry
-from ..private_fs import private_dir
+from ..private_fs import open_file, private_dir
 from ..recovery import (SegmentHeader, atomic_write_json, block_checksums, load_sessions)
 from ..sessions import Segment, Session
+
+log = logging.getLogger("sglang_flatcake")
 
 
 def write_segment_at(engine: IOEngine, path: str, offset: int, geo: SegmentGeometry, sid: int,
@@ -151,10 +154,14 @@ class SessionFiles:
         try:
             self.engine.allocate(path, want)
         except IOEngineError as e:
-            try:
-                os.truncate(path, have)
-            except OSError:
-                pass
+            try:                  # give back what fallocate took (never through a link)
+                fd = open_file(path, os.O_WRONLY)[0]
+                try:
+                    os.ftruncate(fd, have)
+                finally:
+                    os.close(fd)
+            except OSError as te:
+                log.debug("flatcake: %s not truncated back: %s", path, te)
             if e.errno == errno.ENOSPC:
                 raise NotStoredError(f"disk full while growing {path}: {e}") from None
             raise NotStoredError(f"cannot grow {path}: {e}") from None
