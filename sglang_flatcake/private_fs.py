@@ -5,9 +5,9 @@ by another local user, whatever the umask:
 
 - ``private_dir(path)`` makes (0700) or checks a store directory and returns the path to
   use.  It refuses (``UnsafeStoreError``, naming the path) a directory not owned by the
-  running user, one that is group- or world-writable, one under an ancestor that another
-  user can write (unless that ancestor is sticky, like ``/tmp``), and a symlink owned by
-  someone else.  A symlink the user owns is resolved once and logged; the store then
+  running user, one that is group- or world-writable, one under an ancestor that group
+  or others can write (unless that ancestor is sticky, like ``/tmp``), and a symlink owned
+  by someone else.  A symlink the user owns is resolved once and logged; the store then
   uses the target.  An existing directory readable by others is tightened to 0700.
 - ``open_file(path, create=True)`` opens without following a symlink (``O_NOFOLLOW``);
   a missing file is created ``O_CREAT | O_EXCL`` with mode 0600 (``fchmod``, so the
@@ -62,11 +62,9 @@ def _refuse(path: Path, why: str) -> UnsafeStoreError:
 
 
 def _check_ancestors(path: Path) -> None:
-    uid = os.geteuid()
+    """No ancestor lets another user rename the store away (writable and not sticky)."""
     for a in path.parents:
         st = os.stat(a)
-        if st.st_uid not in (uid, 0):
-            raise _refuse(path, f"sits in {a}, owned by uid {st.st_uid}")
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             raise _refuse(path, f"sits in {a}, writable by others (mode {st.st_mode & 0o7777:o}) "
                                 "and not sticky")
@@ -79,12 +77,13 @@ def private_dir(path: str | os.PathLike) -> Path:
     try:
         st = os.lstat(p)
     except FileNotFoundError:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(p, DIR_MODE)
-            os.chmod(p, DIR_MODE)
-        except FileExistsError:
-            pass                  # someone made it first: it is checked below like any other
+        missing = [a for a in [*reversed(p.parents), p] if not os.path.lexists(a)]
+        for a in missing:         # every directory made here is 0700, whatever the umask
+            try:
+                os.mkdir(a, DIR_MODE)
+                os.chmod(a, DIR_MODE)
+            except FileExistsError:
+                pass              # someone made it first: the store dir is checked below
         st = os.lstat(p)
     if stat.S_ISLNK(st.st_mode):
         if st.st_uid not in (uid, 0):

@@ -146,7 +146,11 @@ def load_sessions(ssd, layout: KVLayout, alignment: int):
             rep["bad_manifests"] += 1
             continue
         path = ssd.path(sid)
-        size = os.path.getsize(path) if os.path.exists(path) else 0
+        if os.path.islink(path):            # never read or written through a planted link
+            rep["linked_files"] += 1
+            size = 0
+        else:
+            size = os.path.getsize(path) if os.path.exists(path) else 0
         s = Session(sid, m.get("parent"), int(m.get("parent_blocks", 0)), m.get("created", 0.0),
                     m.get("created", 0.0), m.get("label", ""), durable=True)
         if size:

@@ -7,7 +7,8 @@
 - ``check_unique(keys, digests)``: one batch of ``put`` names each key once
   (``ValueError`` naming the repeated key and its positions).
 - ``repeated(keys)``: for ``get``, ``(distinct keys in first-seen order, position of
-  each key in them)`` when a key repeats, else ``None``.
+  each key in them)`` when a key repeats, else ``None``.  Both compare the index's
+  128-bit digests, so two spellings of one key (hex in either case) count as one.
 - ``check_out(out)``: ``get`` writes into ``out`` in place, so ``out`` must be a writable
   C-contiguous array (``ValueError`` otherwise: a copy would be filled, not ``out``).
 """
@@ -19,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .index import key_digests
 from .tiers.region_meta import LABEL_MAX
 
 
@@ -46,24 +48,41 @@ def label_for(client_id) -> str:
     return "sha256:" + hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def check_unique(keys: Sequence[str], digests: np.ndarray) -> None:
+def _groups(digests: np.ndarray):
+    """``(first index of each distinct digest, group of each row)`` when a digest repeats,
+    else ``None`` (a sort of the first 64 bits rules most batches out at once)."""
     if len(digests) < 2:
+        return None
+    lo = np.sort(digests[:, 0])
+    if not (lo[1:] == lo[:-1]).any():
+        return None
+    rows = np.ascontiguousarray(digests, np.uint64).view("V16").ravel()
+    _, first, inv = np.unique(rows, return_index=True, return_inverse=True)
+    if len(first) == len(digests):
+        return None
+    return first, inv.ravel()
+
+
+def check_unique(keys: Sequence[str], digests: np.ndarray) -> None:
+    got = _groups(digests)
+    if got is None:
         return
-    _, first, inv, counts = np.unique(digests, axis=0, return_index=True, return_inverse=True,
-                                      return_counts=True)
-    if counts.max() > 1:
-        g = int(np.argmax(counts > 1))
-        pos = np.nonzero(inv.reshape(-1) == g)[0].tolist()
-        raise ValueError(f"put: key {keys[int(first[g])]!r} appears {len(pos)} times in one "
-                         f"batch (positions {pos}); a chain names each block once")
+    first, inv = got
+    g = int(np.argmax(np.bincount(inv) > 1))
+    pos = np.nonzero(inv == g)[0].tolist()
+    raise ValueError(f"put: key {keys[int(first[g])]!r} appears {len(pos)} times in one "
+                     f"batch (positions {pos}); a chain names each block once")
 
 
 def repeated(keys: Sequence[str]) -> tuple[list[str], np.ndarray] | None:
-    seen: dict[str, int] = {}
-    pos = [seen.setdefault(k, len(seen)) for k in keys]
-    if len(seen) == len(keys):
+    got = _groups(key_digests(keys)) if len(keys) > 1 else None
+    if got is None:
         return None
-    return list(seen), np.asarray(pos, np.int64)
+    first, inv = got
+    order = np.argsort(first)                    # distinct keys in first-seen order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return [keys[int(i)] for i in first[order]], rank[inv].astype(np.int64)
 
 
 def check_out(out) -> np.ndarray:

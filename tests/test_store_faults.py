@@ -357,3 +357,15 @@ def test_the_last_reply_survives_a_restart(tmp_path, layout, medium):
     with FlatCakeStore(root, layout, cfg) as st:
         after = st.lineage(t1[-1])
     assert after == before
+
+
+@pytest.mark.parametrize("medium", MEDIA)
+def test_two_spellings_of_one_key_count_as_a_repeat(tmp_path, layout, medium):
+    root, cfg = make(medium, tmp_path)
+    k = chain(2)
+    with FlatCakeStore(root, layout, cfg) as st:
+        with pytest.raises(ValueError, match="appears 2 times"):
+            st.put([k[0], k[0].upper(), k[1]], blocks_for(layout, [k[0], k[0], k[1]]), signals=SSD)
+        st.put(k, blocks_for(layout, k), signals=SSD)
+        g, out = restore(st, [k[0], k[1], k[0].upper()])
+        assert g.hits == 3 and np.array_equal(out, blocks_for(layout, [k[0], k[1], k[0]]))

@@ -173,3 +173,26 @@ def test_files_written_into_a_private_store_read_back(tmp_path, layout, open_uma
     with FlatCakeStore(root, layout, cfg) as st:
         out = np.zeros_like(data)
         assert st.get(keys, out).hits == 5 and np.array_equal(out, data)
+
+
+def test_missing_parents_are_made_private_too(tmp_path, layout, open_umask):
+    root = tmp_path / "a" / "b" / "store"
+    with FlatCakeStore(root, layout, make("files", tmp_path)[1]):
+        pass
+    for d in (tmp_path / "a", tmp_path / "a" / "b", root):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+
+
+def test_a_session_file_replaced_by_a_symlink_is_dropped_not_followed(tmp_path, layout):
+    root, cfg = make("files", tmp_path)
+    k = chain(3)
+    with FlatCakeStore(root, layout, cfg) as st:
+        sid = st.put(k, blocks_for(layout, k), signals=SSD).session
+        path = st.ssd.path(sid)
+    victim = tmp_path / "victim"
+    os.replace(path, victim)
+    before = victim.read_bytes()
+    os.symlink(victim, path)
+    with FlatCakeStore(root, layout, cfg) as st:
+        assert st.exists(k) == 0 and st.recovery_report["linked_files"] == 1
+    assert victim.read_bytes() == before and not os.path.lexists(path)
