@@ -285,6 +285,11 @@ def test_a_damaged_superblock_is_recovered_from_its_copy(tmp_path, layout):
     with FlatCakeStore(root, layout, cfg) as st:
         st.put(k, blocks_for(layout, k), signals=SSD)
     _flip(cfg.ssd_path, 100)
+    ro = FlatCakeStore.open_existing(cfg.ssd_path)      # inspection reads the copy, writes none
+    assert ro.exists(k) == 4
+    ro.close()
+    with open(cfg.ssd_path, "rb") as f:
+        assert rm.decode_super(f.read(cfg.alignment)) is None
     with FlatCakeStore(root, layout, cfg) as st:
         g, out = restore(st, k)
         assert g.hits == 4 and np.array_equal(out, blocks_for(layout, k))
@@ -369,3 +374,34 @@ def test_two_spellings_of_one_key_count_as_a_repeat(tmp_path, layout, medium):
         st.put(k, blocks_for(layout, k), signals=SSD)
         g, out = restore(st, [k[0], k[1], k[0].upper()])
         assert g.hits == 3 and np.array_equal(out, blocks_for(layout, [k[0], k[1], k[0]]))
+
+
+@pytest.mark.parametrize("medium", MEDIA)
+def test_close_waits_for_a_put_in_flight_then_refuses_the_next(tmp_path, layout, medium,
+                                                               monkeypatch):
+    root, cfg = make(medium, tmp_path)
+    k = chain(3)
+    st = FlatCakeStore(root, layout, cfg)
+    writing, go, closed = threading.Event(), threading.Event(), threading.Event()
+    real = st._write_segment
+
+    def slow_write(*a, **kw):
+        writing.set()
+        go.wait()
+        return real(*a, **kw)
+    monkeypatch.setattr(st, "_write_segment", slow_write)
+    res = []
+    w = threading.Thread(target=lambda: res.append(st.put(k, blocks_for(layout, k), signals=SSD)))
+    w.start()
+    writing.wait()
+    c = threading.Thread(target=lambda: (st.close(), closed.set()))
+    c.start()
+    assert not closed.is_set(), "close() returned while a put was writing"
+    go.set()
+    w.join()
+    c.join()
+    assert closed.is_set() and res[0].stored == 3
+    with pytest.raises(StoreClosedError):
+        st.put(chain(1, "after"), blocks_for(layout, chain(1, "after")), signals=SSD)
+    with FlatCakeStore(root, layout, cfg) as st2:
+        assert st2.exists(k) == 3
