@@ -41,7 +41,9 @@ def bundled_trace() -> Path:
     return Path(str(resources.files("sglang_flatcake").joinpath("data", BUNDLED)))
 
 
-def add_arguments(p) -> None:
+def add_arguments(p, tune: bool = False) -> None:
+    """The replay's options; ``tune=True``: ``flatcake tune``'s (no --systems or --policy,
+    its own output names and rates)."""
     g = p.add_argument_group("trace")
     g.add_argument("--trace", help="trace file or folder (default: the bundled WEKA Claude Code slice)")
     g.add_argument("--format", default="auto", choices=FORMATS)
@@ -49,14 +51,19 @@ def add_arguments(p) -> None:
     g.add_argument("--sessions", type=int, help="replay K sessions drawn with --seed (default all)")
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("systems and load")
-    g.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma list of {', '.join(SYSTEMS)}")
-    g.add_argument("--rates", default="0.1,0.25,0.5,1.0", help="requests per second, comma list")
-    g.add_argument("--policy", default="auto", choices=["auto", *sorted(POLICIES)],
-                   help="scheduler for every system; auto (default): each system's own "
-                        "(flatcake two-queue, the others fcfs), and every flatcake store also "
-                        "under the other policies, side by side")
-    g.add_argument("--no-compare-policies", dest="compare_policies", action="store_false",
-                   help="with --policy auto: run each flatcake system under its own policy only")
+    g.add_argument("--rates", default="0.5,1.0" if tune else "0.1,0.25,0.5,1.0",
+                   help="requests per second, comma list (default %(default)s)")
+    if tune:
+        p.set_defaults(systems="flatcake", policy="auto", compare_policies=False)
+    else:
+        g.add_argument("--systems", default=DEFAULT_SYSTEMS,
+                       help=f"comma list of {', '.join(SYSTEMS)}")
+        g.add_argument("--policy", default="auto", choices=["auto", *sorted(POLICIES)],
+                       help="scheduler for every system; auto (default): each system's own "
+                            "(flatcake two-queue, the others fcfs), and every flatcake store also "
+                            "under the other policies, side by side")
+        g.add_argument("--no-compare-policies", dest="compare_policies", action="store_false",
+                       help="with --policy auto: run each flatcake system under its own policy only")
     g.add_argument("--max-prefills", type=int, default=1, help="concurrent prefills (default 1)")
     g.add_argument("--streams", type=int, default=2, help="flatcake concurrent restores (default 2)")
     g.add_argument("--prefetch-budget-gb", type=float, default=PREFETCH_BUDGET_GB,
@@ -87,8 +94,9 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--dir", help="where stores are written (a real disk; default: a temp folder here)")
     g.add_argument("--keep", action="store_true", help="keep the stores written")
-    g.add_argument("--json", default="flatcake-replay.json", help="JSON out (default %(default)s)")
-    g.add_argument("--plot", default="flatcake-replay.png", help="PNG out (default %(default)s)")
+    out = "flatcake-tune" if tune else "flatcake-replay"
+    g.add_argument("--json", default=f"{out}.json", help="JSON out (default %(default)s)")
+    g.add_argument("--plot", default=f"{out}.png", help="PNG out (default %(default)s)")
     flags.add_flatcake_flags(p)
 
 
@@ -157,12 +165,19 @@ class Setup:
         if args.prefill_tps:
             gpu = type(gpu)(gpu.name, args.prefill_tps, gpu.h2d_gib_s, "--prefill-tps")
         self.gpu, self.disk_model = gpu, DISKS[args.disk]
-        ws_full = self.trace.unique_blocks() * self.sizing.full_block_bytes
-        self.ws_full = ws_full
-        self.mem_full = args.memory_gb * 1e9 if args.memory_gb is not None else args.memory_frac * ws_full
-        self.ssd_full = args.ssd_gb * 1e9 if args.ssd_gb is not None else args.ssd_frac * ws_full
-        self.mem, self.ssd = self.sizing.real(self.mem_full), self.sizing.real(self.ssd_full)
-        self.staging = self.sizing.real(self.mem_full * args.staging_frac)
+        self.ws_full, self.mem_full, self.ssd_full, self.mem, self.ssd, self.staging = \
+            self.budgets(self.trace)
+
+    def budgets(self, trace: Trace) -> tuple[float, float, float, int, int, int]:
+        """Working set, memory and SSD budgets (full size), then memory, SSD and staging
+        (real bytes) for ``trace``: ``--memory-gb``/``--ssd-gb``, else fractions of its
+        working set."""
+        a, sz = self.args, self.sizing
+        ws_full = trace.unique_blocks() * sz.full_block_bytes
+        mem_full = a.memory_gb * 1e9 if a.memory_gb is not None else a.memory_frac * ws_full
+        ssd_full = a.ssd_gb * 1e9 if a.ssd_gb is not None else a.ssd_frac * ws_full
+        return (ws_full, mem_full, ssd_full, sz.real(mem_full), sz.real(ssd_full),
+                sz.real(mem_full * a.staging_frac))
 
     def replay(self, trace: Trace, name: str, policy: str, rate: float, root: Path,
                over: dict | None = None, label: str = "") -> tuple[dict, dict]:
@@ -177,8 +192,9 @@ class Setup:
         root.mkdir(parents=True)
         loop = EventLoop()
         disk = SharedDisk(loop)
-        ctx = SystemContext(loop, disk, self.disk_model, self.sizing, self.mem, self.ssd,
-                            self.staging, root, a.seed, a.chunk_blocks, a.streams, a.io_threads,
+        mem, ssd, staging = self.budgets(trace)[3:]
+        ctx = SystemContext(loop, disk, self.disk_model, self.sizing, mem, ssd, staging, root,
+                            a.seed, a.chunk_blocks, a.streams, a.io_threads,
                             prefetch_budget_bytes=self.budget, flatcake=over)
         system = make_system(name)
         t0 = time.monotonic()
