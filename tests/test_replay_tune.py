@@ -118,3 +118,15 @@ def test_tune_errors(tmp_path):
         tune.run(tune_args(tmp_path, "--holdout", "1"))
     with pytest.raises(FlatCakeError, match="both parts need at least one session"):
         tune.run(tune_args(tmp_path, "--sessions", "1"))
+
+
+def test_tune_is_a_flatcake_subcommand_with_every_flag(capsys):
+    from sglang_flatcake import cli
+    from sglang_flatcake.config import FlatCakeConfig
+    with pytest.raises(SystemExit) as e:
+        cli.main(["tune", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for name in FlatCakeConfig.__dataclass_fields__:
+        assert "--flatcake-" + name.replace("_", "-") in out
+    assert "--grid" in out and "--holdout" in out and "--systems" not in out

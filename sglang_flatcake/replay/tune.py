@@ -18,12 +18,14 @@ are replayed on the held-out sessions, which the search never saw.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
+from ..config import FlatCakeConfig
 from ..errors import FlatCakeError
 from . import flags
 from .run import Setup, _policy_name, add_arguments as _replay_arguments
@@ -131,7 +133,7 @@ def run(args) -> int:
     except ValueError as e:
         raise FlatCakeError(f"--trace: {e}") from None
     cheaper: tuple[str, ...] = ()
-    start = {k: st.over.get(k, getattr(_defaults(), k)) for k in grid}
+    start = {k: st.over.get(k, getattr(FlatCakeConfig(), k)) for k in grid}
     if args.memory_gb is not None and args.ssd_gb is not None:
         grid["memory_bytes"] = tuple(int(f * st.mem_full) for f in MEMORY_FRACTIONS)
         start["memory_bytes"] = int(st.over.get("memory_bytes", st.mem_full))
@@ -170,7 +172,6 @@ def run(args) -> int:
         h_best = h_start if best == start else held(best)
     finally:
         if not args.dir and not args.keep:
-            import shutil
             shutil.rmtree(base, ignore_errors=True)
     rec = {**st.over, **best}
     out = {"flags": flags.as_flags(rec), "recommended": rec, "start": start, "split": split,
@@ -194,11 +195,6 @@ def run(args) -> int:
             args.plot = None
     _say(f"tune done in {out['wall_s']} s wall; json {args.json or '-'}, plot {args.plot or '-'}")
     return 0
-
-
-def _defaults():
-    from ..config import FlatCakeConfig
-    return FlatCakeConfig()
 
 
 def format_tried(tried: list[dict], start: dict, best: dict) -> str:
