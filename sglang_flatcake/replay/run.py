@@ -1,8 +1,10 @@
 """``flatcake replay``: FlatCake against tiered caches on a real trace, side by side.
 
 Wiring for the CLI: ``add_arguments(parser)`` then ``run(args) -> exit code``.
-Prints its configuration and progress on stderr, the table on stdout, and
+Prints its configuration and progress on stderr, the table, the FC-MAS ablation
+and every flatcake store under the three policies (``plan_runs``) on stdout, and
 writes ``--json`` and ``--plot``.  Same trace, seed and models: same rows.
+``Setup`` (one replay of one system, policy and rate) is shared with ``tune``.
 """
 
 from __future__ import annotations
