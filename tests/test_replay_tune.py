@@ -130,3 +130,15 @@ def test_tune_is_a_flatcake_subcommand_with_every_flag(capsys):
     for name in FlatCakeConfig.__dataclass_fields__:
         assert "--flatcake-" + name.replace("_", "-") in out
     assert "--grid" in out and "--holdout" in out and "--systems" not in out
+
+
+def test_with_both_budgets_the_memory_split_is_searched(tmp_path):
+    a = tune_args(tmp_path, "--grid", "shared_refcount=2", "--memory-gb", "0.2", "--ssd-gb", "2",
+                  "--plot", "")
+    assert tune.run(a) == 0
+    doc = json.loads((tmp_path / "tune.json").read_text())
+    mems = [t["settings"]["memory_bytes"] for t in doc["tried"]]
+    assert mems == [int(0.2e9), int(0.05e9), int(0.1e9), int(0.15e9)]
+    assert any(f.startswith("--flatcake-memory-bytes=") for f in doc["flags"])
+    quarter = doc["tried"][1]
+    assert quarter["ssd_gb_read"] >= doc["tried"][0]["ssd_gb_read"]     # less memory, more SSD
