@@ -1,4 +1,4 @@
-"""The ``flatcake`` command: demo, replay, bench-restore, inspect, patch."""
+"""The ``flatcake`` command: demo, replay, tune, bench-restore, inspect, patch."""
 
 from __future__ import annotations
 
@@ -16,12 +16,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import bench_restore, demo
     from .replay import run as replay_run
+    from .replay import tune
 
     d = sub.add_parser("demo", help="a real SGLang server with flatcake replaying a bundled agent "
                                     "trace through bench_serving (CPU, no download)")
     demo.add_arguments(d)
     r = sub.add_parser("replay", help="FlatCake against tiered caches on a real trace, side by side")
     replay_run.add_arguments(r)
+    t = sub.add_parser("tune", help="the write-time thresholds (--flatcake-* flags) from your own "
+                                    "trace, chosen on part of it and checked on the rest")
+    tune.add_arguments(t)
     b = sub.add_parser("bench-restore", help="cold restore of one long session vs the raw disk limit")
     bench_restore.add_arguments(b)
     i = sub.add_parser("inspect", help="sessions, segments, bytes per medium, watermark state")
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             return demo.run(args)
         if args.cmd == "replay":
             return replay_run.run(args)
+        if args.cmd == "tune":
+            return tune.run(args)
         if args.cmd == "bench-restore":
             bench_restore.run(args)
             return 0

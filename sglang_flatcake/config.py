@@ -105,6 +105,9 @@ class FlatCakeConfig:
     prefetch_budget_bytes: int = dataclasses.field(default=1 << 30, metadata={
         "help": "KV bytes of SSD prefetch in flight at once; a prefetch that does not fit "
                 "waits (never cancelled)", "bytes": True})
+    queue_aging: float = dataclasses.field(default=0.5, metadata={
+        "help": "SSD-preparing queue: later arrivals may overtake a restore for at most this many "
+                "times its own restore time (deadline order); 0: first come first served"})
     ssd_path: str = dataclasses.field(default="", metadata={
         "help": "SSD tier on one raw block device or one pre-sized regular file (created with "
                 "ssd_bytes if missing) instead of a directory of session files; default: the "
@@ -157,6 +160,8 @@ class FlatCakeConfig:
              f"expected at most ssd_bytes ({self.ssd_bytes}): the SSD tier holds whole extents")
         need(0 <= self.node_id < 4096, "node_id", "expected 0..4095 (12 bits)")
         need(self.prefetch_budget_bytes > 0, "prefetch_budget_bytes", "expected > 0")
+        need(isinstance(self.queue_aging, (int, float)) and not isinstance(self.queue_aging, bool)
+             and 0 <= self.queue_aging < float("inf"), "queue_aging", "expected a number >= 0")
         need(self.checkpoint_interval >= 0, "checkpoint_interval", "expected >= 0 segments")
         need("\0" not in self.ssd_path, "ssd_path", "expected a path")
         need(self.on_layout_mismatch in ON_MISMATCH, "on_layout_mismatch",

@@ -15,14 +15,120 @@ class Clock:
         return self.t
 
 
-def test_seed_example_priorities():
+def test_deadline_is_arrival_plus_aging_times_own_restore_time():
     c = Clock()
-    q = TwoQueuePolicy(c, budget_bytes=8 * GB)
-    q.arrive("small", 0, 1 * GB)
-    q.arrive("large", 1, 4 * GB)
+    q = TwoQueuePolicy(c, budget_bytes=8 * GB, aging=0.5, restore_bytes_per_s=GB)
     c.t = 2.0
-    assert q.priority("small") == pytest.approx(3.0)
-    assert q.priority("large") == pytest.approx(1.5)
+    q.arrive("large", 0, 4 * GB)
+    q.arrive("small", 1, 1 * GB)
+    assert q.deadline("large") == pytest.approx(2.0 + 0.5 * 4)
+    assert q.deadline("small") == pytest.approx(2.0 + 0.5 * 1)
+    assert q.start_prefetches(limit=1) == ["small"]       # small first: it hurts no one yet
+
+
+def test_a_small_restore_overtakes_only_within_the_bound():
+    c = Clock()
+    q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.5, restore_bytes_per_s=GB)
+    q.arrive("large", 0, 8 * GB)                          # deadline 4
+    c.t = 3.0
+    q.arrive("early", 1, GB)                              # deadline 3.5 < 4: may go first
+    c.t = 3.8
+    q.arrive("late", 2, GB)                               # deadline 4.3 > 4: may not
+    assert [q.start_prefetches(limit=1)[0] for _ in range(3)] == ["early", "large", "late"]
+
+
+def test_aging_zero_is_first_come_first_served():
+    c = Clock()
+    q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.0)
+    for i, (rid, size) in enumerate([("a", 9), ("b", 1), ("c", 5)]):
+        c.t = float(i)
+        q.arrive(rid, i, size * GB)
+    assert q.start_prefetches() == ["a", "b", "c"]
+
+
+def test_restore_rate_learns_from_finished_prefetches():
+    c = Clock()
+    q = TwoQueuePolicy(c, budget_bytes=100 * GB, restore_bytes_per_s=2 * GB)
+    assert q.restore_s(4 * GB) == pytest.approx(2.0)
+    q.arrive("x", 0, GB)
+    q.start_prefetches()
+    c.t = 2.0                                             # 1 GB took 2 s
+    q.prefetch_done("x")
+    assert q.restore_rate == pytest.approx((0.8 * 2 * GB + GB) / (0.8 + 2.0))
+    with pytest.raises(KeyError):
+        q.prefetch_done("x")                              # nothing in flight any more
+
+
+def simulate(jobs, aging):
+    """One restore stream, 1 GB/s; ``jobs`` = [(rid, arrival_s, bytes)] sorted by arrival.
+    Returns ({rid: start_s}, policy)."""
+    c = Clock()
+    q = TwoQueuePolicy(c, budget_bytes=10**15, aging=aging, restore_bytes_per_s=GB)
+    size = {rid: b for rid, _, b in jobs}
+    start, i, busy_until, running = {}, 0, 0.0, None
+    while len(start) < len(jobs):
+        next_arrival = jobs[i][1] if i < len(jobs) else float("inf")
+        if running is not None and busy_until <= next_arrival:
+            c.t = busy_until
+            q.prefetch_done(running)
+            q.pop_ready()
+            running = None
+        else:
+            c.t = next_arrival
+            q.arrive(jobs[i][0], i, jobs[i][2])
+            i += 1
+        if running is None:
+            got = q.start_prefetches(limit=1)
+            if got:
+                running = got[0]
+                start[running] = c.t
+                busy_until = c.t + size[running] / GB
+    return start, q
+
+
+def long_run(seed=7, n=3000):
+    """Overloaded (offered 1.05x the disk): small restores, and one 40 GB restore in the middle."""
+    import random
+    rng = random.Random(seed)
+    jobs, t = [], 0.0
+    for k in range(n):
+        t += rng.expovariate(1.0)
+        b = int(rng.uniform(0.1, 2.0) * GB) if k != n // 3 else 40 * GB
+        jobs.append((f"r{k}", t, b))
+    return jobs
+
+
+def test_long_run_nobody_is_overtaken_past_its_bound():
+    jobs = long_run()
+    start, q = simulate(jobs, aging=0.5)
+    arrival = {rid: t for rid, t, _ in jobs}
+    size = {rid: b for rid, _, b in jobs}
+    order = sorted(start, key=lambda r: (start[r], arrival[r]))
+    pos = {rid: k for k, rid in enumerate(order)}
+    for rid, t, b in jobs:
+        bound = t + 0.5 * b / GB                       # its deadline
+        # nobody that arrived after its deadline started before it
+        later = [x for x, tx, _ in jobs if tx > bound and pos[x] < pos[rid]]
+        assert later == [], (rid, later[:3])
+    big = max(size, key=size.get)
+    assert q.deadline(big) == pytest.approx(arrival[big] + 20.0)
+
+
+def test_long_run_the_largest_finishes_within_its_bound():
+    """The largest restore starts no later than first-come first-served would start it had it
+    arrived at its deadline, so it finishes within that time plus its own restore."""
+    jobs = long_run()
+    size = {rid: b for rid, _, b in jobs}
+    big = max(size, key=size.get)
+    start, q = simulate(jobs, aging=0.5)
+    due = q.deadline(big)
+    shifted = sorted([(r, due if r == big else t, b) for r, t, b in jobs], key=lambda j: j[1])
+    fcfs_start, _ = simulate(shifted, aging=0.0)
+    assert start[big] <= fcfs_start[big] + 1e-6
+    arrived = dict((r, t) for r, t, _ in jobs)[big]
+    waited = start[big] - arrived
+    fcfs_waited = simulate(jobs, aging=0.0)[0][big] - arrived
+    assert waited > fcfs_waited            # it did give way to smaller ones (small first)
 
 
 def test_memory_hits_are_ready_at_once_and_ssd_requests_prepare():
@@ -76,34 +182,22 @@ def test_a_request_larger_than_the_budget_still_runs_alone():
     assert q.start_prefetches() == ["huge"]
 
 
-def test_no_starvation_of_a_large_request():
-    c = Clock()
-    q = TwoQueuePolicy(c, budget_bytes=4 * GB)
-    q.arrive("blocker", 0, 4 * GB)
-    assert q.start_prefetches() == ["blocker"]
-    q.arrive("large", 1, 4 * GB)
-    seq, started_at = 2, None
-    q.arrive("s2", 2, GB)
-    seq, started_at = 3, None
-    for step in range(1, 50):                  # every second: the window frees, a small arrives
-        c.t = float(step)
-        for rid in list(q._inflight):
-            q.prefetch_done(rid)
-            q.pop_ready()
-        if "large" in q.start_prefetches():
-            started_at = step
-            break
-        q.arrive(f"s{seq}", seq, GB)
-        seq += 1
-    assert started_at is not None, "the large request must not starve"
-    # a small request that waited 1 s (priority 2) goes first while the large one's
-    # priority 1 + t/4 is lower; at t = 4 they tie and the earlier arrival (large) wins
-    assert started_at == 4
-
-
-def test_bad_budget_refused():
+def test_bad_settings_refused():
     with pytest.raises(ValueError, match="budget_bytes"):
         TwoQueuePolicy(Clock(), budget_bytes=0)
+    with pytest.raises(ValueError, match="aging=-1"):
+        TwoQueuePolicy(Clock(), budget_bytes=GB, aging=-1)
+    with pytest.raises(ValueError, match="restore_bytes_per_s"):
+        TwoQueuePolicy(Clock(), budget_bytes=GB, restore_bytes_per_s=0)
+
+
+def test_leaving_while_preparing_frees_the_place():
+    c = Clock()
+    q = TwoQueuePolicy(c, budget_bytes=10 * GB)
+    q.arrive("a", 0, GB)
+    q.arrive("b", 1, GB)
+    q.leave("a")
+    assert q.waiting()["preparing"] == 1 and q.start_prefetches() == ["b"]
 
 
 def test_limit_caps_how_many_start_at_once():

@@ -30,16 +30,25 @@ def test_tiny_replay_writes_rows_table_and_plot(tmp_path, capsys):
     systems = ["flatcake", "tiered-lru", "mooncake-fifo", "memory-only"]
     if "sglang-file: skipped" not in err:
         systems.append("sglang-file")
-    assert [(r["system"], r["rate"]) for r in rows] == [(s, r) for r in (0.5, 1.0) for s in systems]
+    runs = [("flatcake", "two-queue"), ("flatcake", "fcfs"), ("flatcake", "head-only")] + \
+        [(s, "fcfs") for s in systems[1:]]
+    assert [(r["system"], r["policy"], r["rate"]) for r in rows] == \
+        [(s, p, r) for r in (0.5, 1.0) for s, p in runs]
     for r in rows:
         assert tuple(r) == FIELDS
         assert 0 <= r["hit_rate_delivered"] <= r["hit_rate_max"] <= 1
+        assert r["ttft_s_p50"] <= r["ttft_s_p99"]
     mem = [r for r in rows if r["system"] == "memory-only"]
     assert all(r["read_commands"] == 0 and r["read_amplification"] is None for r in mem)
     fc = [r for r in rows if r["system"] == "flatcake"]
     assert all(r["prefetch_cancelled"] == 0 and r["read_amplification"] <= 1.1 for r in fc)
     assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "hit%" in out.splitlines()[0] and len(out.splitlines()) == 2 + len(rows)
+    assert "hit%" in out.splitlines()[0] and "ttft.p50" in out.splitlines()[0]
+    table, policies = out.split("Policies side by side")
+    assert len(table.splitlines()) == 2 + len(rows)
+    assert [d["rate"] for d in doc["policies"]] == [0.5, 1.0]
+    assert all(d["store"] == "flatcake" for d in doc["policies"])
+    assert policies.count("\nflatcake ") == 2
     assert "replay config:" in err and "[1/" in err
     assert doc["config"]["sessions"] == 2 and len(doc["details"]) == len(rows)
     assert not any((tmp_path / "stores").iterdir())      # stores are removed after each run
@@ -77,11 +86,13 @@ def test_ablation_both_flatcake_systems_side_by_side(tmp_path, capsys):
     assert replay_run.run(a) == 0
     out, _ = capsys.readouterr()
     doc = json.loads((tmp_path / "out.json").read_text())
-    assert [(r["system"], r["rate"]) for r in doc["rows"]] == [
-        ("flatcake", 0.5), ("flatcake-single-queue", 0.5),
-        ("flatcake", 1.0), ("flatcake-single-queue", 1.0)]
+    assert [(r["system"], r["policy"], r["rate"]) for r in doc["rows"]] == [
+        ("flatcake", "two-queue", 0.5), ("flatcake", "fcfs", 0.5),
+        ("flatcake-single-queue", "head-only", 0.5),
+        ("flatcake", "two-queue", 1.0), ("flatcake", "fcfs", 1.0),
+        ("flatcake-single-queue", "head-only", 1.0)]
     assert doc["config"]["policies"] == {"flatcake": "two-queue", "flatcake-single-queue": "head-only"}
-    by = {(r["system"], r["rate"]): r for r in doc["rows"]}
+    by = {(r["system"], r["rate"]): r for r in doc["rows"] if r["policy"] != "fcfs"}
     assert [d["rate"] for d in doc["ablation"]] == [0.5, 1.0]
     for d in doc["ablation"]:
         two, one = by[("flatcake", d["rate"])], by[("flatcake-single-queue", d["rate"])]
@@ -90,6 +101,11 @@ def test_ablation_both_flatcake_systems_side_by_side(tmp_path, capsys):
         assert two["hit_rate_max"] == one["hit_rate_max"]
     assert "flatcake-single-queue" in out and "FC-MAS ablation" in out
     assert out.count("\n  rate ") == 2
+    for d in doc["policies"]:           # the head-only column is flatcake-single-queue's row
+        assert d["head-only"]["ttft_s_p99"] == by[("flatcake-single-queue", d["rate"])]["ttft_s_p99"]
+        assert d["two-queue"]["ttft_s_p50"] == by[("flatcake", d["rate"])]["ttft_s_p50"]
+        best = min(d["fcfs"]["ttft_s_p99"], d["head-only"]["ttft_s_p99"])
+        assert d["p99_ratio"] == pytest.approx(d["two-queue"]["ttft_s_p99"] / best)
 
 
 def test_forcing_one_policy_on_every_system(tmp_path):
@@ -98,6 +114,35 @@ def test_forcing_one_policy_on_every_system(tmp_path):
     assert replay_run.run(a) == 0
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["config"]["policies"] == {"flatcake": "fcfs", "memory-only": "fcfs"}
-    assert doc["ablation"] == []
+    assert doc["ablation"] == [] and doc["policies"] == []
+    assert [(r["system"], r["policy"]) for r in doc["rows"]] == [("flatcake", "fcfs"),
+                                                                  ("memory-only", "fcfs")]
     with pytest.raises(FlatCakeError, match="--prefetch-budget-gb"):
         replay_run.run(args_for(tmp_path, "--prefetch-budget-gb", "0"))
+
+
+def test_flatcake_flags_reach_the_flatcake_systems(tmp_path):
+    base = ("--systems", "flatcake,memory-only", "--rates", "1", "--plot", "", "--no-compare-policies")
+    assert replay_run.run(args_for(tmp_path, *base)) == 0
+    plain = json.loads((tmp_path / "out.json").read_text())
+    assert replay_run.run(args_for(tmp_path, *base, "--flatcake-memory-bytes=0",
+                                   "--flatcake-queue-aging", "0", "--flatcake-single-queue")) == 0
+    doc = json.loads((tmp_path / "out.json").read_text())
+    fc = lambda d: next(x for x in d["details"] if x["system"] == "flatcake")   # noqa: E731
+    assert fc(plain)["blocks_memory"] > 0 and fc(doc)["blocks_memory"] == 0      # no memory tier
+    assert doc["config"]["flatcake_flags"] == ["--flatcake-memory-bytes=0",     # field order
+                                               "--flatcake-single-queue=true",
+                                               "--flatcake-queue-aging=0"]
+    assert doc["config"]["queue_aging"] == 0
+    assert doc["config"]["policies"] == {"flatcake": "head-only", "memory-only": "fcfs"}
+    mem = lambda d: next(r for r in d["rows"] if r["system"] == "memory-only")   # noqa: E731
+    assert mem(doc) == mem(plain)                           # the baselines do not see the flags
+
+
+def test_bad_flatcake_flags_name_the_flag(tmp_path):
+    with pytest.raises(FlatCakeError, match="--flatcake-shared-refcount=1 is not allowed"):
+        replay_run.run(args_for(tmp_path, "--flatcake-shared-refcount=1"))
+    with pytest.raises(FlatCakeError, match="--flatcake-queue-aging"):
+        replay_run.run(args_for(tmp_path, "--flatcake-queue-aging=soon"))
+    with pytest.raises(FlatCakeError, match="--flatcake-store-dir.*use --dir"):
+        replay_run.run(args_for(tmp_path, "--flatcake-store-dir=/tmp/x"))

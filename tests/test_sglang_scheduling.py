@@ -157,15 +157,16 @@ def test_an_aborted_head_stops_blocking(make):
     assert "head" not in st.flows and st.gate("next")
 
 
-def test_priority_orders_ssd_prefetch_starts(make):
-    """With room for one at a time, the request with the highest 1 + wait / GB goes first."""
+def test_deadline_orders_ssd_prefetch_starts(make):
+    """With room for one at a time, the earliest deadline (arrival + aging x restore) goes first."""
     st, sched, clock = make(budget=GB)
     arrive(st, sched, "big", GB)                      # arrives first, 1 GB
-    arrive(st, sched, "small", GB // 4)               # 0.25 GB
-    clock[0] = 2.0                                    # both waited 2 s
+    arrive(st, sched, "small", GB // 4)               # 0.25 GB, same clock value
+    clock[0] = 2.0
     st.pump()
-    assert st.policy.priority("big") == pytest.approx(1 + 2 / (GB / 1e9))
-    assert st.restorer.started == ["small"]           # its priority is 4x higher past 1
+    assert st.policy.aging == FlatCakeConfig().queue_aging
+    assert st.policy.deadline("big") == pytest.approx(st.policy.aging * st.policy.restore_s(GB))
+    assert st.restorer.started == ["small"]           # its deadline is 4x nearer
 
 
 def _rank(rank: int, port: int, out) -> None:

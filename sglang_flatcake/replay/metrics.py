@@ -11,7 +11,7 @@
   completed (not cancelled); mean and P99;
 - SSD read bandwidth: full-size bytes read / virtual time with a read in flight;
 - prefetch cancelled: prefetches given up (staging full);
-- TTFT: arrival (release) to the end of prefill; mean and P99;
+- TTFT: arrival (release) to the end of prefill; mean, P50 and P99;
 - throughput: requests / (last first token - first arrival).
 
 Percentiles are nearest-rank: P99 of n values is the ceil(0.99 n)-th smallest.
@@ -28,11 +28,11 @@ from .sizes import GIB
 from .systems.base import IoCounters, RequestState
 from .traces import Trace
 
-FIELDS = ("system", "rate", "hit_rate_delivered", "hit_rate_max", "read_amplification",
+FIELDS = ("system", "policy", "rate", "hit_rate_delivered", "hit_rate_max", "read_amplification",
           "read_commands", "prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s",
-          "prefetch_cancelled", "ttft_s_mean", "ttft_s_p99", "throughput_rps")
+          "prefetch_cancelled", "ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "throughput_rps")
 TIMING_FIELDS = ("prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s", "ttft_s_mean",
-                 "ttft_s_p99", "throughput_rps")
+                 "ttft_s_p50", "ttft_s_p99", "throughput_rps")
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -69,8 +69,8 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 
 def summarize(system: str, rate: float, states: Sequence[RequestState], max_hits: Sequence[int],
-              io: IoCounters, disk: SharedDisk) -> dict:
-    """One JSON row with exactly ``FIELDS``."""
+              io: IoCounters, disk: SharedDisk, policy: str = "-") -> dict:
+    """One JSON row with exactly ``FIELDS``; ``policy`` is the scheduler it ran under."""
     blocks = sum(len(s.req.hash_ids) for s in states)
     delivered = sum(s.delivered for s in states)
     pre = [s.prefetch_end - s.arrival for s in states
@@ -81,6 +81,7 @@ def summarize(system: str, rate: float, states: Sequence[RequestState], max_hits
     bw = disk.read_bytes / disk.read_busy_s / GIB if disk.read_busy_s > 0 else None
     row = {
         "system": system,
+        "policy": policy,
         "rate": rate,
         "hit_rate_delivered": _r(delivered / blocks if blocks else 0.0),
         "hit_rate_max": _r(sum(max_hits) / blocks if blocks else 0.0),
@@ -91,6 +92,7 @@ def summarize(system: str, rate: float, states: Sequence[RequestState], max_hits
         "ssd_read_gib_s": _r(bw, 4),
         "prefetch_cancelled": int(io.prefetch_cancelled),
         "ttft_s_mean": _r(mean(ttft)),
+        "ttft_s_p50": _r(percentile(ttft, 50)),
         "ttft_s_p99": _r(percentile(ttft, 99)),
         "throughput_rps": _r(len(states) / span if span > 0 else None),
     }

@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 from collections import deque
 
-from ..queues import TwoQueuePolicy
+from ..queues import AGING, TwoQueuePolicy
 from .systems.base import RequestState
 
 
@@ -51,7 +51,7 @@ class FCFS(Policy):
 
     name = "fcfs"
 
-    def __init__(self, budget_bytes: float | None = None) -> None:
+    def __init__(self, budget_bytes: float | None = None, aging: float = AGING) -> None:
         self.budget = budget_bytes
         self._queue: deque[RequestState] = deque()
         self._restore: deque[RequestState] = deque()
@@ -85,20 +85,20 @@ class TwoQueue(Policy):
     """FlatCake's FC-MAS over ``queues.TwoQueuePolicy`` (virtual time as its clock).
 
     A request with nothing to restore is ready at once; one with SSD blocks waits
-    in the SSD-preparing queue, whose restores start highest priority first,
-    ``1 + wait_s / restore GB`` evaluated at each ``next_restore``, while the
-    budget has room.  Prefills run from the ready queue in arrival order; a
+    in the SSD-preparing queue, whose restores start earliest deadline first
+    (arrival + ``aging`` x its own restore time, see ``queues``) while the budget
+    has room.  Prefills run from the ready queue in arrival order; a
     restored request re-enters it at its arrival position, not at the tail.
     """
 
     name = "two-queue"
     single_queue = False
 
-    def __init__(self, budget_bytes: float | None = None) -> None:
+    def __init__(self, budget_bytes: float | None = None, aging: float = AGING) -> None:
         self._now = 0.0
         self.core = TwoQueuePolicy(lambda: self._now,
                                    float("inf") if budget_bytes is None else budget_bytes,
-                                   single_queue=self.single_queue)
+                                   aging=aging, single_queue=self.single_queue)
         self._states: dict[str, RequestState] = {}
         self._seq = 0
 
@@ -139,8 +139,8 @@ class HeadOnly(TwoQueue):
 POLICIES: dict[str, type[Policy]] = {"fcfs": FCFS, "two-queue": TwoQueue, "head-only": HeadOnly}
 
 
-def make_policy(name: str, budget_bytes: float | None = None) -> Policy:
+def make_policy(name: str, budget_bytes: float | None = None, aging: float = AGING) -> Policy:
     """A fresh policy; ``ValueError`` lists the valid names."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}")
-    return POLICIES[name](budget_bytes)
+    return POLICIES[name](budget_bytes, aging)

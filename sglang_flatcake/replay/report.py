@@ -8,12 +8,13 @@ from typing import Sequence
 
 from .metrics import FIELDS
 
-_COLS = (("system", "system", "{}"), ("rate", "rate", "{:g}"),
+_COLS = (("system", "system", "{}"), ("policy", "policy", "{}"), ("rate", "rate", "{:g}"),
          ("hit_rate_delivered", "hit%", "{:.2%}"), ("hit_rate_max", "max%", "{:.2%}"),
          ("read_amplification", "r.amp", "{:.3f}"), ("read_commands", "reads", "{:d}"),
          ("prefetch_s_mean", "pf.mean", "{:.3f}"), ("prefetch_s_p99", "pf.p99", "{:.3f}"),
          ("ssd_read_gib_s", "GiB/s", "{:.2f}"), ("prefetch_cancelled", "cancel", "{:d}"),
-         ("ttft_s_mean", "ttft.mean", "{:.3f}"), ("ttft_s_p99", "ttft.p99", "{:.3f}"),
+         ("ttft_s_mean", "ttft.mean", "{:.3f}"), ("ttft_s_p50", "ttft.p50", "{:.3f}"),
+         ("ttft_s_p99", "ttft.p99", "{:.3f}"),
          ("throughput_rps", "req/s", "{:.3f}"))
 
 
@@ -58,16 +59,77 @@ def format_ablation(abl: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+COMPARED = ("two-queue", "fcfs", "head-only")
+
+
+def policy_comparison(rows: Sequence[dict], same_as: dict[str, str | None]) -> list[dict]:
+    """Per flatcake store and rate, the three policies side by side: TTFT mean, P50, P99 and
+    served req/s of each, plus the issue's checks: ``fcfs_served`` (served / offered),
+    ``mean_ratio`` and ``p99_ratio`` (two-queue over the better of fcfs and head-only),
+    ``head_only_restore_bound`` (its P99 >= 2 x its P50) and ``p99_lower_than_head_only``.
+    A store is a system that ran under every policy of ``COMPARED``, counting the rows of
+    systems ``same_as`` it; ``[]`` if none did."""
+    got: dict = {}
+    for r in rows:
+        store = same_as.get(r["system"]) or r["system"]
+        got.setdefault((store, r["rate"]), {})[r["policy"]] = r
+    out = []
+    for (store, rate), by in got.items():
+        if any(p not in by for p in COMPARED):
+            continue
+        d: dict = {"store": store, "rate": rate}
+        for p in COMPARED:
+            r = by[p]
+            d[p] = {k: r[k] for k in ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "throughput_rps")}
+        tq, fc, ho = (d[p] for p in COMPARED)
+        d["fcfs_served"] = fc["throughput_rps"] / rate if fc["throughput_rps"] else None
+        for k, name in (("ttft_s_mean", "mean_ratio"), ("ttft_s_p99", "p99_ratio")):
+            best = min(fc[k], ho[k])
+            d[name] = tq[k] / best if best else None
+        d["head_only_restore_bound"] = ho["ttft_s_p99"] >= 2 * ho["ttft_s_p50"]
+        d["p99_lower_than_head_only"] = ((ho["ttft_s_p99"] - tq["ttft_s_p99"]) / ho["ttft_s_p99"]
+                                         if ho["ttft_s_p99"] else None)
+        out.append(d)
+    return out
+
+
+def format_policies(comp: Sequence[dict]) -> str:
+    """The comparison as a table: per store and rate, mean / P50 / P99 TTFT (s) and served
+    req/s under each policy, then two-queue's ratios to the better of the other two."""
+    f = lambda x, n=3: "-" if x is None else f"{x:.{n}f}"   # noqa: E731
+    head = ["store", "rate"] + [f"{p}: mean/p50/p99 s, req/s" for p in COMPARED] + \
+        ["fcfs served", "2q/best mean", "2q/best p99", "head-only restore-bound", "2q p99 lower"]
+    body = []
+    for d in comp:
+        cells = [d["store"], f"{d['rate']:g}"]
+        for p in COMPARED:
+            x = d[p]
+            cells.append(f"{f(x['ttft_s_mean'])}/{f(x['ttft_s_p50'])}/{f(x['ttft_s_p99'])}, "
+                         f"{f(x['throughput_rps'])}")
+        lower = d["p99_lower_than_head_only"]
+        cells += ["-" if d["fcfs_served"] is None else f"{d['fcfs_served']:.1%}",
+                  f(d["mean_ratio"]), f(d["p99_ratio"]),
+                  "yes" if d["head_only_restore_bound"] else "no",
+                  "-" if lower is None else f"{lower:+.1%}"]
+        body.append(cells)
+    w = [max(len(x) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(c.ljust(w[i]) if i < 1 else c.rjust(w[i])   # noqa: E731
+                                   for i, c in enumerate(cells))
+    return "\n".join(["Policies side by side (TTFT modelled, seconds):", line(head),
+                      line(["-" * x for x in w])] + [line(b) for b in body])
+
+
 def write_json(path: str | Path, rows: Sequence[dict], config: dict, details: Sequence[dict],
-               abl: Sequence[dict] = ()) -> None:
-    """``{"rows": [...], "config": {...}, "details": [...], "ablation": [...]}``; every row
-    has exactly ``FIELDS``; ``ablation`` is ``ablation(rows)`` (may be empty)."""
+               abl: Sequence[dict] = (), comp: Sequence[dict] = ()) -> None:
+    """``{"rows": [...], "config": {...}, "details": [...], "ablation": [...],
+    "policies": [...]}``; every row has exactly ``FIELDS``; ``ablation`` is ``ablation(rows)``
+    and ``policies`` is ``policy_comparison`` (either may be empty)."""
     for r in rows:
         if tuple(r) != FIELDS:
             raise ValueError(f"row fields {tuple(r)} differ from {FIELDS}")
     Path(path).write_text(json.dumps({"rows": list(rows), "config": config,
-                                      "details": list(details), "ablation": list(abl)},
-                                     indent=1) + "\n")
+                                      "details": list(details), "ablation": list(abl),
+                                      "policies": list(comp)}, indent=1) + "\n")
 
 
 def plot(path: str | Path, rows: Sequence[dict], title: str) -> None:

@@ -1,8 +1,10 @@
 """``flatcake replay``: FlatCake against tiered caches on a real trace, side by side.
 
 Wiring for the CLI: ``add_arguments(parser)`` then ``run(args) -> exit code``.
-Prints its configuration and progress on stderr, the table on stdout, and
+Prints its configuration and progress on stderr, the table, the FC-MAS ablation
+and every flatcake store under the three policies (``plan_runs``) on stdout, and
 writes ``--json`` and ``--plot``.  Same trace, seed and models: same rows.
+``Setup`` (one replay of one system, policy and rate) is shared with ``tune``.
 """
 
 from __future__ import annotations
@@ -17,14 +19,18 @@ from pathlib import Path
 
 from ..config import FlatCakeConfig
 from ..errors import FlatCakeError
+from ..queues import AGING
+from . import flags
 from .clock import EventLoop, SharedDisk
 from .metrics import infinite_cache_hits, summarize
 from .policy import POLICIES, make_policy
 from .replayer import Replayer
-from .report import ablation, format_ablation, format_table, plot, write_json
+from .report import (ablation, format_ablation, format_policies, format_table, plot,
+                     policy_comparison, write_json)
 from .sizes import DISKS, GPUS, MODELS, ModelPreset, make_sizing
 from .systems import SYSTEMS, SystemContext, make_system, parse_systems, unavailable_reason
-from .traces import FORMATS, arrivals, load_trace
+from .systems.flatcake import FlatCake
+from .traces import FORMATS, Trace, arrivals, load_trace
 
 BUNDLED = "weka_claude_code_slice.tar.xz"
 # the server's default (``FlatCakeConfig.prefetch_budget_bytes``), so the replay models it
@@ -37,7 +43,9 @@ def bundled_trace() -> Path:
     return Path(str(resources.files("sglang_flatcake").joinpath("data", BUNDLED)))
 
 
-def add_arguments(p) -> None:
+def add_arguments(p, tune: bool = False) -> None:
+    """The replay's options; ``tune=True``: ``flatcake tune``'s (no --systems or --policy,
+    its own output names and rates)."""
     g = p.add_argument_group("trace")
     g.add_argument("--trace", help="trace file or folder (default: the bundled WEKA Claude Code slice)")
     g.add_argument("--format", default="auto", choices=FORMATS)
@@ -45,11 +53,19 @@ def add_arguments(p) -> None:
     g.add_argument("--sessions", type=int, help="replay K sessions drawn with --seed (default all)")
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("systems and load")
-    g.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma list of {', '.join(SYSTEMS)}")
-    g.add_argument("--rates", default="0.1,0.25,0.5,1.0", help="requests per second, comma list")
-    g.add_argument("--policy", default="auto", choices=["auto", *sorted(POLICIES)],
-                   help="scheduler for every system; auto (default): each system's own "
-                        "(flatcake two-queue, the others fcfs)")
+    g.add_argument("--rates", default="0.5,1.0" if tune else "0.1,0.25,0.5,1.0",
+                   help="requests per second, comma list (default %(default)s)")
+    if tune:
+        p.set_defaults(systems="flatcake", policy="auto", compare_policies=False)
+    else:
+        g.add_argument("--systems", default=DEFAULT_SYSTEMS,
+                       help=f"comma list of {', '.join(SYSTEMS)}")
+        g.add_argument("--policy", default="auto", choices=["auto", *sorted(POLICIES)],
+                       help="scheduler for every system; auto (default): each system's own "
+                            "(flatcake two-queue, the others fcfs), and every flatcake store also "
+                            "under the other policies, side by side")
+        g.add_argument("--no-compare-policies", dest="compare_policies", action="store_false",
+                       help="with --policy auto: run each flatcake system under its own policy only")
     g.add_argument("--max-prefills", type=int, default=1, help="concurrent prefills (default 1)")
     g.add_argument("--streams", type=int, default=2, help="flatcake concurrent restores (default 2)")
     g.add_argument("--prefetch-budget-gb", type=float, default=PREFETCH_BUDGET_GB,
@@ -80,8 +96,10 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--dir", help="where stores are written (a real disk; default: a temp folder here)")
     g.add_argument("--keep", action="store_true", help="keep the stores written")
-    g.add_argument("--json", default="flatcake-replay.json", help="JSON out (default %(default)s)")
-    g.add_argument("--plot", default="flatcake-replay.png", help="PNG out (default %(default)s)")
+    out = "flatcake-tune" if tune else "flatcake-replay"
+    g.add_argument("--json", default=f"{out}.json", help="JSON out (default %(default)s)")
+    g.add_argument("--plot", default=f"{out}.png", help="PNG out (default %(default)s)")
+    flags.add_flatcake_flags(p)
 
 
 def _floats(text: str, name: str) -> list[float]:
@@ -94,53 +112,143 @@ def _floats(text: str, name: str) -> list[float]:
     return vals
 
 
-def _policy_name(choice: str, system: str) -> str:
-    return SYSTEMS[system].policy if choice == "auto" else choice
+def _policy_name(choice: str, system: str, over: dict | None = None) -> str:
+    if choice != "auto":
+        return choice
+    if over and over.get("single_queue") and issubclass(SYSTEMS[system], FlatCake):
+        return "head-only"
+    return SYSTEMS[system].policy
+
+
+def plan_runs(systems: list[str], choice: str, compare: bool,
+              over: dict | None = None) -> list[tuple[str, str]]:
+    """(system, policy) pairs, in order.  With ``--policy auto`` and ``compare``, every
+    flatcake store also runs under each policy it does not run under already (a system
+    ``same_as`` another counts as that one under its own policy)."""
+    runs = [(s, _policy_name(choice, s, over)) for s in systems]
+    if choice != "auto" or not compare:
+        return runs
+    out = []
+    for s, pol in runs:
+        out.append((s, pol))
+        if not issubclass(SYSTEMS[s], FlatCake) or SYSTEMS[s].same_as:
+            continue
+        have = {p for t, p in runs if t == s or SYSTEMS[t].same_as == s}
+        out += [(s, p) for p in POLICIES if p not in have]
+    return out
 
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+class Setup:
+    """What every replay of one ``flatcake replay`` or ``flatcake tune`` shares."""
+
+    def __init__(self, args) -> None:
+        self.args = args
+        self.rates = _floats(args.rates, "--rates")
+        self.over = flags.overrides(args)
+        budget = _floats(str(args.prefetch_budget_gb), "--prefetch-budget-gb")[0] * 1e9
+        self.budget = float(self.over.get("prefetch_budget_bytes", budget))
+        self.aging = float(self.over.get("queue_aging", AGING))
+        path = Path(args.trace) if args.trace else bundled_trace()
+        self.path = path
+        self.trace = load_trace(path, args.format, args.block_tokens).select_sessions(
+            args.sessions, args.seed)
+        if args.kv_bytes_per_token and not args.model:
+            model = ModelPreset("custom", "mha", 32, args.kv_bytes_per_token, "h100",
+                                "--kv-bytes-per-token")
+        else:
+            model = MODELS[args.model or "deepseek-v4-flash"]
+        self.model = model
+        self.sizing = make_sizing(model, self.trace.block_tokens, args.kv_bytes_per_token, args.scale)
+        gpu = GPUS[args.gpu or model.gpu]
+        if args.prefill_tps:
+            gpu = type(gpu)(gpu.name, args.prefill_tps, gpu.h2d_gib_s, "--prefill-tps")
+        self.gpu, self.disk_model = gpu, DISKS[args.disk]
+        self.ws_full, self.mem_full, self.ssd_full, self.mem, self.ssd, self.staging = \
+            self.budgets(self.trace)
+
+    def budgets(self, trace: Trace) -> tuple[float, float, float, int, int, int]:
+        """Working set, memory and SSD budgets (full size), then memory, SSD and staging
+        (real bytes) for ``trace``: ``--memory-gb``/``--ssd-gb``, else fractions of its
+        working set."""
+        a, sz = self.args, self.sizing
+        ws_full = trace.unique_blocks() * sz.full_block_bytes
+        mem_full = a.memory_gb * 1e9 if a.memory_gb is not None else a.memory_frac * ws_full
+        ssd_full = a.ssd_gb * 1e9 if a.ssd_gb is not None else a.ssd_frac * ws_full
+        return (ws_full, mem_full, ssd_full, sz.real(mem_full), sz.real(ssd_full),
+                sz.real(mem_full * a.staging_frac))
+
+    def replay(self, trace: Trace, name: str, policy: str, rate: float, root: Path,
+               over: dict | None = None, label: str = "") -> tuple[dict, dict]:
+        """One replay of ``trace`` through ``name`` under ``policy`` at ``rate``: (row, detail).
+        ``over`` replaces the ``--flatcake-*`` settings; the store under ``root`` is removed
+        after unless ``--keep``."""
+        a = self.args
+        over = self.over if over is None else over
+        nominal = arrivals(trace, rate)
+        max_hits = infinite_cache_hits(trace, nominal)
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        loop = EventLoop()
+        disk = SharedDisk(loop)
+        mem, ssd, staging = self.budgets(trace)[3:]
+        ctx = SystemContext(loop, disk, self.disk_model, self.sizing, mem, ssd, staging, root,
+                            a.seed, a.chunk_blocks, a.streams, a.io_threads,
+                            prefetch_budget_bytes=self.budget, flatcake=over)
+        system = make_system(name)
+        t0 = time.monotonic()
+
+        def progress(done, total, now):
+            _say(f"  {label}{name} ({policy}) @ {rate:g} req/s: {done}/{total} requests, "
+                 f"virtual {now:.0f} s, wall {time.monotonic() - t0:.1f} s")
+        try:
+            system.open(ctx)
+            pol = make_policy(policy, system.prefetch_budget, float(over.get("queue_aging", AGING)))
+            states = Replayer(trace, nominal, system, pol, self.gpu, loop,
+                              a.max_prefills, a.recent_s, progress).run()
+            extra = system.stats()
+        finally:
+            system.close()
+            if not a.keep:
+                shutil.rmtree(root, ignore_errors=True)
+        row = summarize(name, rate, states, max_hits, system.io, disk, policy)
+        io = system.io
+        detail = {"system": name, "policy": policy, "rate": rate,
+                  "wall_s": round(time.monotonic() - t0, 2),
+                  "real_bytes_read": io.ssd_bytes_read, "real_bytes_written": io.ssd_bytes_written,
+                  "write_commands": io.write_commands, "virtual_s": round(loop.now, 3), **extra}
+        return row, detail
+
+
 def run(args) -> int:
     t_start = time.monotonic()
-    rates = _floats(args.rates, "--rates")
-    budget = _floats(str(args.prefetch_budget_gb), "--prefetch-budget-gb")[0] * 1e9
+    st = Setup(args)
+    rates, trace, sizing, model, gpu, disk_model = (st.rates, st.trace, st.sizing, st.model,
+                                                     st.gpu, st.disk_model)
     try:
         systems = parse_systems(args.systems)
     except ValueError as e:
         raise FlatCakeError(f"--systems: {e}") from None
-    path = Path(args.trace) if args.trace else bundled_trace()
-    trace = load_trace(path, args.format, args.block_tokens).select_sessions(args.sessions, args.seed)
-    if args.kv_bytes_per_token and not args.model:
-        model = ModelPreset("custom", "mha", 32, args.kv_bytes_per_token, "h100", "--kv-bytes-per-token")
-    else:
-        model = MODELS[args.model or "deepseek-v4-flash"]
-    sizing = make_sizing(model, trace.block_tokens, args.kv_bytes_per_token, args.scale)
-    gpu = GPUS[args.gpu or model.gpu]
-    if args.prefill_tps:
-        gpu = type(gpu)(gpu.name, args.prefill_tps, gpu.h2d_gib_s, "--prefill-tps")
-    disk_model = DISKS[args.disk]
-    ws_full = trace.unique_blocks() * sizing.full_block_bytes
-    mem_full = args.memory_gb * 1e9 if args.memory_gb is not None else args.memory_frac * ws_full
-    ssd_full = args.ssd_gb * 1e9 if args.ssd_gb is not None else args.ssd_frac * ws_full
-    mem, ssd = sizing.real(mem_full), sizing.real(ssd_full)
-    staging = sizing.real(mem_full * args.staging_frac)
+    mem, ssd, staging = st.mem, st.ssd, st.staging
     blocks = sum(len(r.hash_ids) for r in trace.requests)
     config = {
-        "trace": str(path), "format": trace.format, "sessions": trace.n_sessions,
+        "trace": str(st.path), "format": trace.format, "sessions": trace.n_sessions,
         "requests": len(trace.requests), "block_tokens": trace.block_tokens,
         "blocks_requested": blocks, "working_set_blocks": trace.unique_blocks(),
         "model": model.name, "kv_bytes_per_token": sizing.kv_bytes_per_token,
         "scale": sizing.scale, "real_block_bytes": sizing.block_bytes,
-        "real_layout": sizing.layout.to_dict(), "working_set_gb": ws_full / 1e9,
+        "real_layout": sizing.layout.to_dict(), "working_set_gb": st.ws_full / 1e9,
         "memory_gb": mem / sizing.scale / 1e9, "ssd_gb": ssd / sizing.scale / 1e9,
         "staging_gb": staging / sizing.scale / 1e9,
         "mean_history_gb": blocks / len(trace.requests) * sizing.full_block_bytes / 1e9,
         "gpu": vars(gpu), "disk": vars(disk_model), "policy": args.policy,
-        "policies": {s: _policy_name(args.policy, s) for s in systems},
+        "policies": {s: _policy_name(args.policy, s, st.over) for s in systems},
         "max_prefills": args.max_prefills, "streams": args.streams,
-        "prefetch_budget_gb": budget / 1e9,
+        "prefetch_budget_gb": st.budget / 1e9, "queue_aging": st.aging,
+        "flatcake_flags": flags.as_flags(st.over),
         "chunk_blocks": args.chunk_blocks, "recent_s": args.recent_s, "seed": args.seed,
         "rates": rates, "systems": systems,
     }
@@ -156,66 +264,43 @@ def run(args) -> int:
         _say(f"  sglang-file: skipped, {unavailable_reason()} "
              "(try /work/venv-sgl/bin/python -m sglang_flatcake replay ...)")
         systems = [s for s in systems if s != "sglang-file"]
+    runs = plan_runs(systems, args.policy, args.compare_policies, st.over)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="flatcake-replay-", dir="."))
     base.mkdir(parents=True, exist_ok=True)
     rows, details = [], []
-    n_runs, k = len(rates) * len(systems), 0
+    n_runs, k = len(rates) * len(runs), 0
     try:
         for rate in rates:
-            nominal = arrivals(trace, rate)
-            max_hits = infinite_cache_hits(trace, nominal)
-            for name in systems:
+            for name, pol in runs:
                 k += 1
-                root = base / f"{name}-r{rate:g}"
-                shutil.rmtree(root, ignore_errors=True)
-                root.mkdir(parents=True)
-                loop = EventLoop()
-                disk = SharedDisk(loop)
-                ctx = SystemContext(loop, disk, disk_model, sizing, mem, ssd, staging, root,
-                                    args.seed, args.chunk_blocks, args.streams, args.io_threads,
-                                    prefetch_budget_bytes=budget)
-                system = make_system(name)
-                t0 = time.monotonic()
-
-                def progress(done, total, now, name=name, rate=rate, k=k, t0=t0):
-                    _say(f"  [{k}/{n_runs}] {name} @ {rate:g} req/s: {done}/{total} requests, "
-                         f"virtual {now:.0f} s, wall {time.monotonic() - t0:.1f} s")
-                try:
-                    system.open(ctx)
-                    policy = make_policy(_policy_name(args.policy, name), system.prefetch_budget)
-                    states = Replayer(trace, nominal, system, policy, gpu, loop,
-                                      args.max_prefills, args.recent_s, progress).run()
-                    extra = system.stats()
-                finally:
-                    system.close()
-                    if not args.keep:
-                        shutil.rmtree(root, ignore_errors=True)
-                row = summarize(name, rate, states, max_hits, system.io, disk)
+                row, detail = st.replay(trace, name, pol, rate, base / f"{name}-{pol}-r{rate:g}",
+                                        label=f"[{k}/{n_runs}] ")
                 rows.append(row)
-                io = system.io
-                details.append({"system": name, "rate": rate, "wall_s": round(time.monotonic() - t0, 2),
-                                "real_bytes_read": io.ssd_bytes_read, "real_bytes_written": io.ssd_bytes_written,
-                                "write_commands": io.write_commands,
-                                "virtual_s": round(loop.now, 3), **extra})
-                _say(f"  [{k}/{n_runs}] {name} @ {rate:g}: hit {row['hit_rate_delivered']:.2%} "
+                details.append(detail)
+                _say(f"  [{k}/{n_runs}] {name} ({pol}) @ {rate:g}: hit {row['hit_rate_delivered']:.2%} "
                      f"(max {row['hit_rate_max']:.2%}), ttft p99 {row['ttft_s_p99']:.2f} s, "
-                     f"wall {details[-1]['wall_s']} s")
+                     f"wall {detail['wall_s']} s")
     finally:
         if not args.dir and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     print(format_table(rows))
-    abl = ablation(rows)
+    own = [r for r in rows if (r["system"], r["policy"]) in set(plan_runs(systems, args.policy,
+                                                                          False, st.over))]
+    abl = ablation(own)
     if abl:
         print(format_ablation(abl))
+    comp = policy_comparison(rows, {s: SYSTEMS[s].same_as for s in systems})
+    if comp:
+        print(format_policies(comp))
     written = sum(d["real_bytes_written"] for d in details)
     config["wall_s"] = round(time.monotonic() - t_start, 1)
     config["real_bytes_written_total"] = written
     if args.json:
-        write_json(args.json, rows, config, details, abl)
+        write_json(args.json, rows, config, details, abl, comp)
     if args.plot:
         try:
-            plot(args.plot, rows, f"{trace.name}: {model.name}, memory {config['memory_gb']:.1f} GB, "
-                                  f"SSD {config['ssd_gb']:.1f} GB, disk {disk_model.name}")
+            plot(args.plot, own, f"{trace.name}: {model.name}, memory {config['memory_gb']:.1f} GB, "
+                                 f"SSD {config['ssd_gb']:.1f} GB, disk {disk_model.name}")
         except ImportError as e:
             _say(f"  plot skipped: {e} (pip install 'sglang-flatcake[plot]')")
             args.plot = None

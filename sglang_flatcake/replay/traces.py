@@ -84,6 +84,16 @@ class Trace:
         return _renumber(self, keep)
 
 
+    def split(self, first: int) -> tuple["Trace", "Trace"]:
+        """Sessions ``0..first-1`` and ``first..``, each renumbered; ``ValueError`` unless
+        both are non-empty."""
+        if not 0 < first < self.n_sessions:
+            raise ValueError(f"cannot split {self.n_sessions} sessions after {first}: "
+                             "both parts need at least one session")
+        return (_renumber(self, list(range(first))),
+                _renumber(self, list(range(first, self.n_sessions))))
+
+
 def _renumber(trace: Trace, keep: list[int]) -> Trace:
     new_sid = {s: i for i, s in enumerate(keep)}
     reqs = [r for r in trace.requests if r.session in new_sid]

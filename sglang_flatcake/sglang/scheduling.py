@@ -9,8 +9,9 @@ skipping requests whose storage prefetch is not done.  With flatcake these hooks
   restore (host arena -> device slots) starts at once.  A span with any SSD block
   joins the SSD-preparing queue of ``queues.TwoQueuePolicy``.
 - ``Scheduler._get_new_batch_prefill_raw`` (BEFORE): once per step, ``pump``
-  syncs the clock, starts the prefetches the policy picks (highest
-  ``1 + wait / KV GB`` first, within ``--flatcake-prefetch-budget-bytes``; a
+  syncs the clock, starts the prefetches the policy picks (earliest deadline,
+  arrival + ``--flatcake-queue-aging`` x own restore time, first, within
+  ``--flatcake-prefetch-budget-bytes``; a
   prefetch that finds no budget or no free device slots waits and is never
   cancelled) and publishes the restores every rank has finished.
 - ``UnifiedRadixCache.check_prefetch_progress`` (AROUND): the admission gate.  A
@@ -50,7 +51,7 @@ class FlatCakeScheduling:
         self.single_queue = cfg.single_queue
         self.now = time.monotonic()
         self.policy = TwoQueuePolicy(clock=lambda: self.now, budget_bytes=cfg.prefetch_budget_bytes,
-                                     single_queue=cfg.single_queue)
+                                     aging=cfg.queue_aging, single_queue=cfg.single_queue)
         self.seq = 0
         self.arrival: dict[str, int] = {}           # rid -> arrival number (every request)
         self.flows: dict[str, Flow] = {}            # rid -> a flow not yet published

@@ -89,6 +89,7 @@ class SystemContext:
     io_threads: int = 4
     bucket_blocks: int | None = None   # mooncake-fifo bucket size (None: Mooncake's, full size)
     prefetch_budget_bytes: float | None = None   # flatcake: restore bytes in flight (full size)
+    flatcake: dict = field(default_factory=dict)  # flatcake: ``flags.overrides`` (full-size bytes)
 
 
 class DataPool:
@@ -116,6 +117,7 @@ class System(abc.ABC):
     policy: str = "fcfs"                 # scheduler policy (``policy.POLICIES``) by default
     prefetch_budget: float | None = None # full-size restore bytes in flight; None = no cap
     wants_refcounts: bool = False        # the replayer computes per-block refcounts only if set
+    same_as: str | None = None           # this system is ``same_as`` under another ``policy``
 
     def __init__(self) -> None:
         self.io = IoCounters()

@@ -11,6 +11,7 @@ from ...config import FlatCakeConfig
 from ...errors import IOEngineError
 from ...planner import plan_reads
 from ...store import FlatCakeStore
+from ..flags import SCALED
 from .base import DataPool, RequestState, System, SystemContext
 
 
@@ -65,16 +66,22 @@ class FlatCake(System):
     def open(self, ctx: SystemContext) -> None:
         super().open(ctx)
         s = ctx.sizing
+        over = dict(ctx.flatcake)
+        for k in SCALED:                 # full-size flags, scaled like the replay's own budgets
+            if k in over:
+                over[k] = s.real(over[k]) if k != "extent_bytes" else \
+                    max(4096, int(over[k] * s.scale) // 4096 * 4096)
         extent = max(4096, int((4 << 20) * s.scale) // 4096 * 4096)   # the store's 4 MiB, scaled
-        self.config = FlatCakeConfig(memory_bytes=ctx.memory_bytes, ssd_bytes=ctx.ssd_bytes,
-                                     extent_bytes=extent, io_threads=ctx.io_threads,
-                                     durable=False, verify_reads=True)
+        self.config = FlatCakeConfig(**{**dict(memory_bytes=ctx.memory_bytes, ssd_bytes=ctx.ssd_bytes,
+                                               extent_bytes=extent, io_threads=ctx.io_threads,
+                                               durable=False, verify_reads=True), **over})
         self.store = _ReplayStore(ctx.root / "store", s.layout, self.config)
         # size constants of the store scale with the bytes, like the budgets (see sizes)
         if hasattr(self.store.ssd, "max_step_bytes"):
-            self.store.ssd.max_step_bytes = max(extent, int((256 << 20) * s.scale) // 4096 * 4096)
+            self.store.ssd.max_step_bytes = max(self.config.extent_bytes,
+                                                int((256 << 20) * s.scale) // 4096 * 4096)
         self.restore_slots = ctx.streams
-        self.prefetch_budget = ctx.prefetch_budget_bytes
+        self.prefetch_budget = ctx.flatcake.get("prefetch_budget_bytes", ctx.prefetch_budget_bytes)
         self.pool = DataPool(s.block_bytes, ctx.seed)
         self._threads = ThreadPoolExecutor(max_workers=ctx.streams,
                                            thread_name_prefix="replay-restore")
@@ -219,3 +226,4 @@ class FlatCakeSingleQueue(FlatCake):
 
     name = "flatcake-single-queue"
     policy = "head-only"
+    same_as = "flatcake"
