@@ -1,7 +1,7 @@
 """Block checksums: XXH3-64 of each (layer, block) range, on the host and on a device.
 
 One function everywhere: the write side stores ``xxhash.xxh3_64`` (seed 0) of every
-(layer, block) range in the segment header; a read checks the bytes where they land:
+(layer, block) range in the segment header (``recovery.block_checksums``); a read checks the bytes where they land:
 
 - host memory: ``verify_host`` (the xxhash C library, GIL released per call);
 - device memory: ``kernels/checksum.cu`` (one warp per piece, see its header), launched
@@ -23,19 +23,6 @@ from . import device as dv
 KERNEL = "checksum.cu"
 FUNCTION = "flatcake_xxh3_64"
 WARPS_PER_BLOCK = 4
-
-
-def block_checksum(b) -> int:
-    """XXH3-64 of one byte range (any buffer)."""
-    return xxhash.xxh3_64_intdigest(b)
-
-
-def block_checksums(layer_sections: np.ndarray) -> np.ndarray:
-    """XXH3-64 of each (layer, block) range; input shape (layers, n, block_layer_bytes)."""
-    L, n = layer_sections.shape[:2]
-    h = xxhash.xxh3_64_intdigest
-    return np.array([[h(layer_sections[la, i]) for i in range(n)] for la in range(L)],
-                    dtype=np.uint64).reshape(L, n)
 
 
 def verify_host(buf: np.ndarray, src: np.ndarray, sums: np.ndarray, pb: int) -> np.ndarray:

@@ -68,8 +68,14 @@ class Device:
 
 
 # ---------------------------------------------------------------- CUDA (CuPy)
+def _cp():
+    import cupy
+    return cupy
+
+
 class CudaDevice(Device):
-    """CuPy on the current CUDA device; modules compiled once per (kernel, device)."""
+    """CuPy on the current CUDA device; modules compiled once per (kernel, device).
+    Every method body is a leaf call into CuPy: these are the lines only a GPU runs."""
 
     name = "cuda"
 
@@ -78,52 +84,36 @@ class CudaDevice(Device):
         self._lock = threading.Lock()
 
     def empty(self, nbytes, dtype=np.uint8):
-        import cupy
-        return cupy.zeros(nbytes // np.dtype(dtype).itemsize, dtype)
+        return _cp().zeros(nbytes // np.dtype(dtype).itemsize, dtype)
 
     def upload(self, host, stream=None):
-        import cupy
-        with self._on(stream):
-            return cupy.asarray(host)
+        with stream or _cp().cuda.get_current_stream():
+            return _cp().asarray(host)
 
     def download(self, arr, stream=None):
-        import cupy
-        return cupy.asnumpy(arr, stream=stream, blocking=True)
+        return _cp().asnumpy(arr, stream=stream, blocking=True)
 
     def stream(self):
-        import cupy
-        return cupy.cuda.Stream(non_blocking=True)
+        return _cp().cuda.Stream(non_blocking=True)
 
     def record(self, stream=None):
-        import cupy
-        ev = cupy.cuda.Event(disable_timing=True)
+        ev = _cp().cuda.Event(disable_timing=True)
         ev.record(stream)
         return ev
 
     def launch(self, kernel, name, grid, block, args, stream=None):
-        self.function(kernel, name)(grid, block, args, stream=stream)
-
-    def function(self, kernel: str, name: str):
-        import cupy
-        key = (kernel, cupy.cuda.Device().id)
+        key = (kernel, _cp().cuda.Device().id)
         with self._lock:
-            mod = self._modules.get(key)
-            if mod is None:
-                mod = self._modules[key] = cupy.RawModule(code=kernel_source(kernel),
-                                                          options=("--std=c++14",))
-        return mod.get_function(name)
+            if key not in self._modules:
+                self._modules[key] = _cp().RawModule(code=kernel_source(kernel),
+                                                     options=("--std=c++14",))
+        self._modules[key].get_function(name)(grid, block, args, stream=stream)
 
     def asarray(self, x):
-        import cupy
-        return cupy.asarray(x)
+        return _cp().asarray(x)
 
     def address(self, arr):
         return arr.data.ptr
-
-    @staticmethod
-    def _on(stream):
-        import contextlib
-        return stream if stream is not None else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- emulated

@@ -201,12 +201,13 @@ def _numba_twin():
                 fn = builder.module.declare_intrinsic("llvm.x86.sse.sfence", fnty=ir.FunctionType(
                     ir.VoidType(), []))
                 builder.call(fn, [])
-            else:
+            else:                                        # pragma: no cover (not x86)
                 builder.fence("seq_cst")
         return types.void(), codegen
 
     @njit(cache=True, nogil=True)
-    def scatter_host(win, src, dst, d0, d1, n_parts, part_bytes, row_bytes):
+    def scatter_host(win, src, dst, d0, d1, n_parts, part_bytes,  # pragma: no cover
+                     row_bytes):                  # (machine code: coverage cannot trace it)
         w, a0, a1 = win.ctypes.data, d0.ctypes.data, d1.ctypes.data
         for i in range(src.shape[0]):
             base = dst[i] * row_bytes
@@ -221,11 +222,15 @@ def _numba_twin():
     return scatter_host
 
 
-try:
-    _scatter_host = _numba_twin()
-except Exception as e:  # numba missing or too old: the same loop in Python (numpy slices)
-    log.warning("flatcake: numba scatter twin unavailable (%s); using the Python loop", e)
-    _scatter_host = _scatter_host_py
+def _pick_host_twin():
+    try:
+        return _numba_twin()
+    except Exception as e:  # numba missing or too old: the same loop in Python (numpy slices)
+        log.warning("flatcake: numba scatter twin unavailable (%s); using the Python loop", e)
+        return _scatter_host_py
+
+
+_scatter_host = _pick_host_twin()
 
 
 def _run_host(ln: Launch) -> None:

@@ -24,6 +24,7 @@ free once the last event of its fill has completed.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -46,6 +47,7 @@ every piece (byte offset ``src_offsets[i]`` of ``window``) into request block
 still be running.  A verified device window passes ``mask``: a device uint8 flag per
 piece, 0 for a piece whose checksum failed (not to be copied)."""
 
+log = logging.getLogger("sglang_flatcake")
 WAIT_THRESHOLD_S = 20e-6   # a read wait longer than this counts in ``read_waits``
 
 
@@ -328,13 +330,13 @@ class LayerWindow:
             for handles in ([cur[0]] if cur else []) + [h for _, _, h in inflight]:
                 try:
                     _wait_all(handles)
-                except Exception:
-                    pass
+                except Exception as e:      # the first error is the one raised
+                    log.debug("flatcake: another read in flight failed too: %s", e)
             for ev in (cur[1] if cur else []) + [e for e in events if e is not None]:
                 try:
                     ev.synchronize()
-                except Exception:
-                    pass
+                except Exception as e:
+                    log.debug("flatcake: another scatter in flight failed too: %s", e)
             raise
         return RestoreStats(
             layers=len(per_layer), fills=len(fills), commands=sum(len(f.commands) for f in fills),
