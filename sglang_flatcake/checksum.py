@@ -51,9 +51,11 @@ def _launch(dev: dv.Device, window, src_offsets, piece_bytes: int, expect, sums,
         return
     grid, block = launch_geometry(len(src))
     dsrc = dev.upload(src, stream)
-    dexp = dev.upload(np.ascontiguousarray(expect, np.uint64), stream) if ok is not None else None
+    dexp = (dev.upload(np.ascontiguousarray(expect, np.uint64), stream) if ok is not None
+            else dv.NULL)
     dev.launch(KERNEL, FUNCTION, grid, block,
-               (window, dsrc, np.int64(len(src)), np.int64(piece_bytes), dexp, sums, ok), stream)
+               (window, dsrc, np.int64(len(src)), np.int64(piece_bytes), dexp,
+                dv.NULL if sums is None else sums, dv.NULL if ok is None else ok), stream)
 
 
 def verify_on_device(dev: dv.Device, window, src_offsets, expect, piece_bytes: int, ok,
@@ -80,9 +82,9 @@ def _kernel_twin(name, window, src, n_pieces, piece_bytes, expect, sums, ok) -> 
     for p in range(int(n_pieces)):
         o = int(src[p])
         v = h(w[o:o + int(piece_bytes)])
-        if sums is not None:
+        if not dv.is_null(sums):
             sums[p] = v
-        if ok is not None:
+        if not dv.is_null(ok):
             ok[p] = 1 if v == int(expect[p]) else 0
 
 

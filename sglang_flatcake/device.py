@@ -31,6 +31,11 @@ from typing import Callable
 import numpy as np
 
 EMULATE_ENV = "FLATCAKE_EMULATE_DEVICE"   # "1": SGLang's CPU pools are served as a device
+NULL = np.uint64(0)        # a null pointer kernel argument (CuPy takes no None); twins see it too
+
+
+def is_null(arg) -> bool:
+    return arg is None or (isinstance(arg, np.integer) and int(arg) == 0)
 KERNEL_DIRS = (Path(__file__).resolve().parents[1] / "kernels",   # a source checkout
                Path(__file__).resolve().parent / "kernels")        # an installed wheel
 

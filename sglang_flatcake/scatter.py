@@ -278,7 +278,8 @@ def device_launcher(ln: Launch, stream=None, mask=None):
     grid, block = launch_geometry(n_units, part_words)
     src, dst = dev.upload(ln.src // w, stream), dev.upload(ln.dst, stream)
     args = (ln.window, src, dst, ln.dests[0], ln.dests[-1], np.int64(n_units),
-            np.int32(ln.parts), np.int64(part_words), np.int64(ln.row_bytes // w), mask)
+            np.int32(ln.parts), np.int64(part_words), np.int64(ln.row_bytes // w),
+            dv.NULL if mask is None else mask)
 
     def launch():
         dev.launch(KERNEL, f"flatcake_scatter_w{w}", grid, block, args, stream)
@@ -294,7 +295,7 @@ def _kernel_twin(name, window, src_word, dst_row, d0, d1, n_units, n_parts, part
     """``flatcake_scatter_w<W>`` on host memory (the emulated device's launch): the same
     word arguments, copied by the host twin."""
     w = int(name.rsplit("w", 1)[1])
-    keep = slice(None) if ok is None else np.asarray(ok[:len(src_word)], bool)
+    keep = slice(None) if dv.is_null(ok) else np.asarray(ok[:len(src_word)], bool)
     src = np.ascontiguousarray(np.asarray(src_word)[keep] * w)
     dst = np.ascontiguousarray(np.asarray(dst_row)[keep])
     flat = [a.view(np.ndarray) for a in (window, d0, d1)]
