@@ -131,12 +131,17 @@ class EmuStream:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-emu-stream")
+        self.pending: list[Future] = []     # work since the last event (its errors surface there)
 
     def submit(self, fn: Callable, *args) -> Future:
         return self._pool.submit(fn, *args)
 
     def synchronize(self) -> None:
         self.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Wait for the work submitted, then stop the thread."""
+        self._pool.shutdown(wait=True)
 
 
 class EmuEvent:
@@ -169,7 +174,6 @@ class EmulatedDevice(Device):
 
     def __init__(self) -> None:
         self._default = EmuStream()
-        self._pending: dict[int, list[Future]] = {}
         self._lock = threading.Lock()
 
     def empty(self, nbytes, dtype=np.uint8):
@@ -179,7 +183,7 @@ class EmulatedDevice(Device):
         s = stream or self._default
         fut = s.submit(fn, *args)
         with self._lock:
-            self._pending.setdefault(id(s), []).append(fut)
+            s.pending.append(fut)
         return fut
 
     def upload(self, host, stream=None):
@@ -198,7 +202,7 @@ class EmulatedDevice(Device):
     def record(self, stream=None):
         s = stream or self._default
         with self._lock:
-            before = self._pending.pop(id(s), [])
+            before, s.pending = s.pending, []
         return EmuEvent(s.submit(lambda: None), before)
 
     def launch(self, kernel, name, grid, block, args, stream=None):

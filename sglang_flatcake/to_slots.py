@@ -117,7 +117,7 @@ def restore_through_window(store, keys: Sequence[str], dest_k, dest_v, slot_indi
                 engine = dv.window_engine(dev, store.config.alignment, store.config.io_threads)
                 own = window = LayerWindow(engine, cap, store.config.window_layers,
                                            device=dev.name)
-        stream = window.stream if window is not None else (None if dev is None else dev.stream())
+        stream = window.stream if window is not None else None   # memory only: default stream
         keep: list = []
         try:
             keep = _memory_to_slots(lease, lay, dests, first_slot, dev, stream)

@@ -201,9 +201,12 @@ class LayerWindow:
         self.pool = ThreadPoolExecutor(workers, "flatcake-scatter") if workers else None
 
     def close(self) -> None:
-        """Stop the worker threads (the buffers go with the window)."""
+        """Stop the worker threads and the device stream (the buffers go with the window)."""
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+        close = getattr(self.stream, "close", None)    # an emulated stream's thread
+        if close is not None:
+            close()
 
     def restore(self, plan: ReadPlan, scatter_fn: ScatterFn, verify: bool = False,
                 order: str = "layer") -> RestoreStats:
