@@ -106,6 +106,8 @@ class DirectRestorer:
             engine = dv.window_engine(self.device, cfg.alignment, cfg.io_threads)
             self.window = LayerWindow(engine, WINDOW_BYTES, cfg.window_layers,
                                       device=self.device.name)
+        log.info("flatcake: direct restores into %s memory",
+                 "host" if self.device is None else self.device.name)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-restore")
         from ..scatter import warm_up
         self.pool.submit(warm_up)              # compile the CPU scatter before the first restore
