@@ -112,7 +112,8 @@ class CudaDevice(Device):
             if key not in self._modules:
                 self._modules[key] = _cp().RawModule(code=kernel_source(kernel),
                                                      options=("--std=c++14",))
-        self._modules[key].get_function(name)(grid, block, args, stream=stream)
+        with stream or _cp().cuda.get_current_stream():     # RawKernel takes no stream=
+            self._modules[key].get_function(name)(grid, block, args)
 
     def asarray(self, x):
         return _cp().asarray(x)

@@ -21,7 +21,6 @@ from sglang_flatcake import checksum as ck
 from sglang_flatcake import device as dv
 from sglang_flatcake import scatter as sc
 from sglang_flatcake.errors import IOEngineError
-from sglang_flatcake.io.kvikio_engine import KvikioEngine
 from sglang_flatcake.layout import KVLayout
 from sglang_flatcake.planner import plan_reads
 from sglang_flatcake.window import LayerWindow, restore_through_window
