@@ -13,6 +13,8 @@
 //   dst0, dst1  token-major [num_slots, heads, dim] buffers of this layer (K and V;
 //               MLA passes its one buffer twice and n_parts = 1)
 //   part_words  = page_tokens * row_words; row_words = words of one token slot
+//   ok          null, or one flag per piece: a piece whose flag is 0 is not copied (its
+//               checksum failed on the device, kernels/checksum.cu)
 // Part p of piece i goes to dst_p[dst_row[i] * row_words .. + part_words), i.e. the
 // page's token slots dst_row[i] .. dst_row[i] + page_tokens - 1.
 //
@@ -28,11 +30,13 @@ extern "C" __global__ void NAME(const T* __restrict__ window,                   
                                 const long long* __restrict__ dst_row,                 \
                                 T* dst0, T* dst1,                                      \
                                 long long n_units, int n_parts,                        \
-                                long long part_words, long long row_words)             \
+                                long long part_words, long long row_words,             \
+                                const unsigned char* __restrict__ ok)                  \
 {                                                                                        \
     const long long step = (long long)gridDim.x * blockDim.x;                           \
     for (long long u = blockIdx.y; u < n_units; u += gridDim.y) {                       \
         const long long piece = n_parts == 1 ? u : (u >> 1);   /* n_parts is 1 or 2 */  \
+        if (ok && !ok[piece]) continue;                                                  \
         const int part = (int)(u - piece * n_parts);                                     \
         const T* s = window + src_word[piece] + part * part_words;                       \
         T* d = (part == 0 ? dst0 : dst1) + dst_row[piece] * row_words;                   \

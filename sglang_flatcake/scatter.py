@@ -9,7 +9,9 @@ buffers of one layer: ``[num_slots, heads, head_dim]`` K and V (MHA) or one
 ``[num_slots, 1, kv_lora_rank + qk_rope_head_dim]`` buffer (MLA), any dtype.
 
 Implementations, all with the same semantics:
-- ``kernels/scatter.cu`` through CuPy (cupy arrays or CUDA torch tensors);
+- ``kernels/scatter.cu`` launched on a ``device.Device`` (cupy arrays or CUDA torch
+  tensors on CUDA; ``EmuArray`` on the emulated device, whose launch runs
+  ``_kernel_twin`` with the kernel's own word arguments);
 - a numba ``@njit`` twin on the host (numpy arrays or CPU torch tensors);
 - ``scatter_reference``: torch (numpy without torch) gathers; it defines correct.
 
@@ -20,59 +22,52 @@ written when it raises.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import platform
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from . import device as dv
 from .layout import KVLayout
 
-KERNEL_PATH = Path(__file__).resolve().parents[1] / "kernels" / "scatter.cu"
+KERNEL = "scatter.cu"
+KERNEL_PATH = dv.kernel_path(KERNEL)
 WORD_SIZES = (16, 8, 4, 2, 1)
 log = logging.getLogger("sglang_flatcake")
 
 
 # ---------------------------------------------------------------- checks
 def _flat_bytes(x, what: str):
-    """(device kind, flat uint8 view sharing memory, original shape)."""
+    """(device, ``None`` for host memory; flat uint8 view sharing memory; original shape)."""
     if type(x).__module__.split(".")[0] == "torch":
         import torch
         if not x.is_contiguous():
             raise ValueError(f"{what}: tensor with strides {tuple(x.stride())} is not contiguous")
+        if x.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{what}: device {x.device} is not supported (cpu or cuda)")
         u8 = x.reshape(-1).view(torch.uint8)
-        if x.device.type == "cpu":
-            return "host", u8.numpy(), tuple(x.shape)
-        if x.device.type == "cuda":
-            import cupy
-            return "cuda", cupy.asarray(u8), tuple(x.shape)
-        raise ValueError(f"{what}: device {x.device} is not supported (cpu or cuda)")
+        dev = dv.device_of(x)
+        return dev, (u8.numpy() if dev is None else dev.asarray(u8)), tuple(x.shape)
+    dev = dv.device_of(x)
+    if dev is not None:
+        a = dev.asarray(x)
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{what}: array with strides {a.strides} is not C-contiguous")
+        return dev, a.reshape(-1).view(np.uint8), tuple(a.shape)
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
             raise ValueError(f"{what}: array with strides {x.strides} is not C-contiguous")
-        return "host", x.reshape(-1).view(np.uint8), x.shape
-    if hasattr(x, "__cuda_array_interface__"):
-        import cupy
-        a = cupy.asarray(x)
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{what}: array with strides {a.strides} is not C-contiguous")
-        return "cuda", a.reshape(-1).view(cupy.uint8), tuple(a.shape)
+        return None, x.reshape(-1).view(np.uint8), x.shape
     raise TypeError(f"{what}: {type(x).__name__} is not a numpy/cupy array or torch tensor")
-
-
-def _address(a) -> int:
-    return a.data.ptr if hasattr(a, "__cuda_array_interface__") else a.ctypes.data
 
 
 @dataclass(frozen=True)
 class Launch:
     """A checked scatter: flat byte views plus host-side int64 offsets (bytes, token slots)."""
 
-    kind: str                 # "host" or "cuda"
+    device: dv.Device | None  # where window and dests live; None: host memory
     window: object            # flat uint8
     dests: tuple              # flat uint8 views, one per part
     src: np.ndarray           # byte offset of each piece in the window
@@ -81,6 +76,10 @@ class Launch:
     part_bytes: int
     row_bytes: int
     word: int                 # widest copy width dividing every offset, size and address
+
+    @property
+    def kind(self) -> str:
+        return "host" if self.device is None else self.device.name
 
 
 def prepare(window, src_offsets, dst_slots, dests: Sequence, layout: KVLayout,
@@ -94,8 +93,9 @@ def prepare(window, src_offsets, dst_slots, dests: Sequence, layout: KVLayout,
     views, shape0 = [], None
     for i, d in enumerate(dests):
         k, v, shape = _flat_bytes(d, f"dest[{i}]")
-        if k != kind:
-            raise TypeError(f"window is in {kind} memory but dest[{i}] is in {k} memory")
+        if k is not kind:
+            raise TypeError(f"window is in {_where(kind)} memory but dest[{i}] is in "
+                            f"{_where(k)} memory")
         if d.dtype != dests[0].dtype or d.dtype.itemsize != layout.itemsize:
             raise TypeError(f"dest[{i}] has dtype {d.dtype} ({d.dtype.itemsize}-byte elements); "
                             f"the layout stores {layout.dtype} ({layout.itemsize} bytes) and "
@@ -133,11 +133,16 @@ def prepare(window, src_offsets, dst_slots, dests: Sequence, layout: KVLayout,
         i, j = order[clash[0]], order[clash[0] + 1]
         raise ValueError(f"pieces {i} and {j} write overlapping slots (first slots {dst[i]} and "
                          f"{dst[j]}, {layout.page_tokens} tokens each)")
-    addrs = [_address(win)] + [_address(v) for v in views]
+    addrs = [a.ctypes.data for a in [win] + views] if kind is None else [
+        kind.address(a) for a in [win] + views]
     word = next(w for w in WORD_SIZES if w <= max_word and row_bytes % w == 0
                 and all(a % w == 0 for a in addrs) and not np.any(src % w))
     return Launch(kind, win, tuple(views), src, dst, layout.parts, layout.part_bytes,
                   row_bytes, word)
+
+
+def _where(dev) -> str:
+    return "host" if dev is None else dev.name
 
 
 def launch_geometry(n_units: int, part_words: int, threads: int = 256,
@@ -196,12 +201,13 @@ def _numba_twin():
                 fn = builder.module.declare_intrinsic("llvm.x86.sse.sfence", fnty=ir.FunctionType(
                     ir.VoidType(), []))
                 builder.call(fn, [])
-            else:
+            else:                                        # pragma: no cover (not x86)
                 builder.fence("seq_cst")
         return types.void(), codegen
 
     @njit(cache=True, nogil=True)
-    def scatter_host(win, src, dst, d0, d1, n_parts, part_bytes, row_bytes):
+    def scatter_host(win, src, dst, d0, d1, n_parts, part_bytes,  # pragma: no cover
+                     row_bytes):                  # (machine code: coverage cannot trace it)
         w, a0, a1 = win.ctypes.data, d0.ctypes.data, d1.ctypes.data
         for i in range(src.shape[0]):
             base = dst[i] * row_bytes
@@ -216,11 +222,15 @@ def _numba_twin():
     return scatter_host
 
 
-try:
-    _scatter_host = _numba_twin()
-except Exception as e:  # numba missing or too old: the same loop in Python (numpy slices)
-    log.warning("flatcake: numba scatter twin unavailable (%s); using the Python loop", e)
-    _scatter_host = _scatter_host_py
+def _pick_host_twin():
+    try:
+        return _numba_twin()
+    except Exception as e:  # numba missing or too old: the same loop in Python (numpy slices)
+        log.warning("flatcake: numba scatter twin unavailable (%s); using the Python loop", e)
+        return _scatter_host_py
+
+
+_scatter_host = _pick_host_twin()
 
 
 def _run_host(ln: Launch) -> None:
@@ -251,71 +261,71 @@ def warm_up() -> None:
         _warm = True
 
 
-# ---------------------------------------------------------------- CUDA (CuPy)
-_modules: dict[int, object] = {}
-_modules_lock = threading.Lock()
-
-
+# ---------------------------------------------------------------- device (kernels/scatter.cu)
 def kernel_source() -> str:
-    try:
-        return KERNEL_PATH.read_text()
-    except OSError as e:
-        raise RuntimeError(f"CUDA source {KERNEL_PATH} is missing: {e.strerror}") from None
+    return dv.kernel_source(KERNEL)
 
 
-def cuda_function(word: int):
-    """The compiled kernel for ``word``-byte copies on the current device (compiled once)."""
-    import cupy
-    dev = cupy.cuda.Device().id
-    with _modules_lock:
-        mod = _modules.get(dev)
-        if mod is None:
-            mod = cupy.RawModule(code=kernel_source(), options=("--std=c++14",))
-            _modules[dev] = mod
-    return mod.get_function(f"flatcake_scatter_w{word}")
-
-
-def cuda_launcher(ln: Launch, stream=None):
-    """Upload a checked launch's offsets once, on ``stream`` (default: CuPy's current one);
-    returns ``launch() -> Event`` running the kernel on that stream (``scatter_layer`` calls
-    it once; a benchmark can time the kernel alone by calling it again)."""
-    import cupy
-    w = ln.word
+def device_launcher(ln: Launch, stream=None, mask=None):
+    """Upload a checked launch's offsets once, on ``stream`` (``None``: the device's
+    default stream); returns ``launch() -> event`` running the kernel on that stream
+    (``scatter_layer`` calls it once; a benchmark can time the kernel alone by calling it
+    again).  ``mask``: a device uint8 flag per piece; pieces flagged 0 are not copied."""
+    dev, w = ln.device, ln.word
+    if mask is not None and len(mask) < len(ln.src):
+        raise ValueError(f"mask holds {len(mask)} flags for {len(ln.src)} pieces")
     part_words, n_units = ln.part_bytes // w, len(ln.src) * ln.parts
     grid, block = launch_geometry(n_units, part_words)
-    fn = cuda_function(w)
-    ctx = (lambda: stream) if stream is not None else contextlib.nullcontext
-    with ctx():
-        src, dst = cupy.asarray(ln.src // w), cupy.asarray(ln.dst)
+    src, dst = dev.upload(ln.src // w, stream), dev.upload(ln.dst, stream)
     args = (ln.window, src, dst, ln.dests[0], ln.dests[-1], np.int64(n_units),
-            np.int32(ln.parts), np.int64(part_words), np.int64(ln.row_bytes // w))
+            np.int32(ln.parts), np.int64(part_words), np.int64(ln.row_bytes // w),
+            dv.NULL if mask is None else mask)
 
     def launch():
-        with ctx():
-            fn(grid, block, args)
-            done = cupy.cuda.Event(disable_timing=True)
-            done.record()
-        return done
+        dev.launch(KERNEL, f"flatcake_scatter_w{w}", grid, block, args, stream)
+        return dev.record(stream)
     return launch
 
 
+cuda_launcher = device_launcher      # the name benchmarks/gpu_check.py has used
+
+
+def _kernel_twin(name, window, src_word, dst_row, d0, d1, n_units, n_parts, part_words,
+                 row_words, ok) -> None:
+    """``flatcake_scatter_w<W>`` on host memory (the emulated device's launch): the same
+    word arguments, copied by the host twin."""
+    w = int(name.rsplit("w", 1)[1])
+    keep = slice(None) if dv.is_null(ok) else np.asarray(ok[:len(src_word)], bool)
+    src = np.ascontiguousarray(np.asarray(src_word)[keep] * w)
+    dst = np.ascontiguousarray(np.asarray(dst_row)[keep])
+    flat = [a.view(np.ndarray) for a in (window, d0, d1)]
+    _scatter_host(flat[0], src, dst, flat[1], flat[2], int(n_parts), int(part_words) * w,
+                  int(row_words) * w)
+
+
+dv.register_twin(KERNEL, "flatcake_scatter_w", _kernel_twin)
+
+
 def scatter_layer(window, src_offsets, dst_slots, dests: Sequence, layout: KVLayout,
-                  stream=None):
+                  stream=None, mask=None):
     """Copy every piece of one layer from ``window`` into ``dests`` (K, V or the MLA buffer).
 
     Host memory runs the numba twin and returns ``None`` when the copy is done.
-    CUDA memory launches the CuPy kernel on ``stream`` (default: CuPy's current
-    stream) and returns a ``cupy.cuda.Event`` recorded after it: the window
-    must not be refilled before ``event.synchronize()``.  Overlapping
-    destination pages raise ``ValueError`` (the result would depend on timing).
+    Device memory launches the kernel on ``stream`` (default: the device's default
+    stream) and returns an event recorded after it: the window must not be refilled
+    before ``event.synchronize()``.  ``mask`` (device memory only) is a device uint8
+    flag per piece; pieces flagged 0 are skipped.  Overlapping destination pages raise
+    ``ValueError`` (the result would depend on timing).
     """
     ln = prepare(window, src_offsets, dst_slots, dests, layout)
+    if mask is not None and ln.device is None:
+        raise ValueError("mask is for device memory (host callers drop the pieces instead)")
     if len(ln.src) == 0:
         return None
-    if ln.kind == "host":
+    if ln.device is None:
         _run_host(ln)
         return None
-    return cuda_launcher(ln, stream)()
+    return device_launcher(ln, stream, mask)()
 
 
 # ---------------------------------------------------------------- reference

@@ -41,6 +41,7 @@ from .layout import KVLayout, SegmentGeometry
 from .placement import Placement, Rule, WriteSignals, place
 from .planner import ReadPlan, SegmentRead, empty_plan, plan_reads
 from .private_fs import open_file, private_dir
+from .read_lease import ReadLease
 from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest,
                        probe_session_files, read_json, store_manifest)
 from .restore import VectoredReader
@@ -547,6 +548,14 @@ class FlatCakeStore:
             return empty_plan(self.layout.block_layer_bytes)
         return plan_reads(res.reads, self.config.alignment, self.config.merge_gap_bytes, split_layers)
 
+    def read_lease(self, keys: Sequence[str]) -> ReadLease:
+        """Resolve and pin the leading stored run of ``keys`` for one read (see
+        ``read_lease.ReadLease``); release it (or use ``with``) when its bytes are copied."""
+        res = self._resolve(keys, pin=True)
+        return ReadLease(res.n, res.digests, res.memory, res.ssd, res.reads, res.sessions,
+                         self.arena.buf, self.layout.block_layer_bytes, self.config.alignment,
+                         self.config.merge_gap_bytes, self._meta, self.counters, self._unpin)
+
     def alloc_blocks(self, n: int) -> np.ndarray:
         """An aligned ``(n, layers, block_layer_bytes)`` buffer: ``get`` reads straight into it
         (an unaligned ``out`` works too, through the bounce buffer, at a cost)."""
@@ -568,33 +577,21 @@ class FlatCakeStore:
             return self._get_repeated(keys, again, out)
         n_keys = len(keys)
         out = self._as_blocks(out, n_keys) if n_keys else out
-        res = self._resolve(keys, pin=True)
-        try:
-            bad = np.zeros(res.n, dtype=bool)
-            for dest, slot in res.memory:
-                out[dest] = self.arena.buf[slot].reshape(self.layout.layers, -1)
-            plan = (plan_reads(res.reads, self.config.alignment, self.config.merge_gap_bytes)
-                    if res.reads else empty_plan(self.layout.block_layer_bytes))
+        with self.read_lease(keys) as lease:
+            bad = np.zeros(lease.n, dtype=bool)
+            lease.copy_memory(out)
+            plan = lease.plan()
             try:
                 self.reader.read_into(plan, out, bad, self.config.verify_reads)
             except IOEngineError as e:
                 log.warning("flatcake: read failed, served as a miss: %s", e)
-                self.counters["read_errors"] += 1
+                lease.record(plan, 0, read_error=True)
                 return GetResult(0, 0, 0, plan.read_commands, plan.bytes_read, plan.bytes_wanted, 0)
             badi = np.nonzero(bad)[0]
-            hits = int(badi[0]) if len(badi) else res.n
-            self._promote_shared(res, out, hits)
-        finally:
-            self._unpin(res.sessions)
-        mem_hits = sum(1 for d, _ in res.memory if d < hits)
-        c = self.counters
-        c["read_commands"] += plan.read_commands
-        c["bytes_read"] += plan.bytes_read
-        c["bytes_wanted"] += plan.bytes_wanted
-        c["bytes_gap"] += plan.gap_bytes
-        c["checksum_failures"] += int(bad.sum())
-        c["memory_blocks_read"] += mem_hits
-        c["ssd_blocks_read"] += hits - mem_hits
+            hits = int(badi[0]) if len(badi) else lease.n
+            self._promote_shared(lease, out, hits)
+        lease.record(plan, hits, int(bad.sum()))
+        mem_hits = lease.memory_hits(hits)
         return GetResult(hits, mem_hits, hits - mem_hits, plan.read_commands, plan.bytes_read,
                          plan.bytes_wanted, int(bad.sum()))
 
@@ -627,7 +624,7 @@ class FlatCakeStore:
         return restore_through_window(self, keys, dest_k, dest_v, slot_indices, window=window,
                                       order=order)
 
-    def _promote_shared(self, res: _Resolved, out: np.ndarray, hits: int) -> None:
+    def _promote_shared(self, res: _Resolved | ReadLease, out: np.ndarray, hits: int) -> None:
         """Copy SSD blocks that turned out to be a shared prefix into memory.
 
         A prefix is written once, usually while only one request holds it, so it

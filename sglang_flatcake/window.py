@@ -1,8 +1,8 @@
 """The layer window: read layer l+1 while layer l is scattered into paged KV slots.
 
 ``LayerWindow`` owns ``depth`` buffers of ``layer_capacity_bytes`` each, from
-``engine.alloc``: device memory with the kvikio engine, aligned host memory
-with the POSIX engine.  ``restore(plan, scatter_fn)`` walks the plan's layers
+``engine.alloc``: device memory with the kvikio engine (CUDA, or the emulated
+device of ``device.py``), aligned host memory with the POSIX engine.  ``restore(plan, scatter_fn)`` walks the plan's layers
 in order.  Each layer's commands (``plan.commands_for_layer(l)``) become one or
 more *fills*: consecutive commands packed into one buffer; a command longer
 than a buffer is split between pieces (never inside one).  Fills are read
@@ -17,11 +17,14 @@ layer overlaps its own later reads as well as the next layer's.  Buffer
 ownership: the window's; lent to the engine from ``submit`` until the
 command's handle is waited for, then to ``scatter_fn`` until it returns (host),
 until its job ends (``workers``), or until the event it returns has completed
-(device).
+(device).  On a device window the checksum kernel and the scatter run on
+``window.stream`` (a device ``scatter_fn`` must launch there), so a buffer is
+free once the last event of its fill has completed.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -31,15 +34,20 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import checksum
+from . import device as dv
 from .io.base import IOEngine, ReadCommand
 from .layout import align_down, align_up
 from .planner import ReadPlan
 
-ScatterFn = Callable[[int, object, np.ndarray, np.ndarray], object]
-"""``scatter_fn(layer, window, src_offsets, dest_blocks) -> None | event``: copy every
-piece (byte offset ``src_offsets[i]`` of ``window``) into request block ``dest_blocks[i]``
-of ``layer``; an event return (``.synchronize()``) means the copy may still be running."""
+ScatterFn = Callable[..., object]
+"""``scatter_fn(layer, window, src_offsets, dest_blocks[, mask]) -> None | event``: copy
+every piece (byte offset ``src_offsets[i]`` of ``window``) into request block
+``dest_blocks[i]`` of ``layer``; an event return (``.synchronize()``) means the copy may
+still be running.  A verified device window passes ``mask``: a device uint8 flag per
+piece, 0 for a piece whose checksum failed (not to be copied)."""
 
+log = logging.getLogger("sglang_flatcake")
 WAIT_THRESHOLD_S = 20e-6   # a read wait longer than this counts in ``read_waits``
 
 
@@ -162,7 +170,8 @@ def _split(cmd: ReadCommand, ids: np.ndarray, offs: np.ndarray, pb: int, capacit
 class LayerWindow:
     def __init__(self, engine: IOEngine, layer_capacity_bytes: int, depth: int = 2,
                  device: str = "cpu", workers: int = 0) -> None:
-        """Allocate ``depth`` buffers; ``device`` must match what ``engine.alloc`` returns.
+        """Allocate ``depth`` buffers; ``device`` ("cpu", "cuda" or "emulated") must match
+        what ``engine.alloc`` returns.
 
         ``workers`` > 0 (host windows only) runs each landed command's checksum and
         scatter as one job on that many threads (xxhash and the numba twin release the
@@ -173,26 +182,31 @@ class LayerWindow:
             raise ValueError(f"depth={depth!r} is not allowed: expected >= 2 (a double buffer)")
         if layer_capacity_bytes <= 0:
             raise ValueError(f"layer_capacity_bytes={layer_capacity_bytes!r}: expected > 0")
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device={device!r} is not allowed: cpu or cuda")
+        if device not in ("cpu", "cuda", "emulated"):
+            raise ValueError(f"device={device!r} is not allowed: cpu, cuda or emulated")
         if workers < 0 or (workers and device != "cpu"):
             raise ValueError(f"workers={workers!r} is not allowed: >= 0, and 0 on a device")
         self.engine, self.device, self.depth = engine, device, depth
         self.capacity = align_up(layer_capacity_bytes, engine.alignment)
         self.buffers = [engine.alloc(self.capacity) for _ in range(depth)]
-        on_device = hasattr(self.buffers[0], "__cuda_array_interface__")
-        if on_device != (device == "cuda"):
-            raise ValueError(f"engine {engine.name!r} allocates {'device' if on_device else 'host'} "
-                             f"buffers but device={device!r} (cuda needs the kvikio engine)")
-        if not on_device:
+        self.dev = dv.device_of(self.buffers[0])
+        got = "cpu" if self.dev is None else self.dev.name
+        if got != device:
+            raise ValueError(f"engine {engine.name!r} allocates {got} buffers but "
+                             f"device={device!r} (a device window needs the kvikio engine)")
+        if self.dev is None:
             for b in self.buffers:
                 b[:] = 0
+        self.stream = None if self.dev is None else self.dev.stream()
         self.pool = ThreadPoolExecutor(workers, "flatcake-scatter") if workers else None
 
     def close(self) -> None:
-        """Stop the worker threads (the buffers go with the window)."""
+        """Stop the worker threads and the device stream (the buffers go with the window)."""
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+        close = getattr(self.stream, "close", None)    # an emulated stream's thread
+        if close is not None:
+            close()
 
     def restore(self, plan: ReadPlan, scatter_fn: ScatterFn, verify: bool = False,
                 order: str = "layer") -> RestoreStats:
@@ -202,14 +216,17 @@ class LayerWindow:
         layer l is scattered; "file" reads in file order (faster on a disk, for
         restores that nothing consumes layer by layer).
 
-        With ``verify`` every piece's xxh3-64 is checked before its scatter (host
-        windows only; ``ValueError`` on a device); a piece that fails is not
-        scattered and its block is listed in ``corrupt``.  An I/O error or an
-        exception from ``scatter_fn`` propagates after all reads and scatters end.
+        With ``verify`` every piece's XXH3-64 is checked where it landed before its
+        scatter: by the host library in a host window, by ``kernels/checksum.cu`` on
+        ``self.stream`` in a device window (the scatter then gets the flags as its
+        ``mask``); a piece that fails is not scattered and its block is listed in
+        ``corrupt``.  An I/O error or an exception from ``scatter_fn`` propagates
+        after all reads and scatters end.
         """
-        if verify and self.device != "cpu":
-            raise ValueError("checksum verification needs a host window (device='cpu')")
         fills = plan_fills(plan, self.capacity, self.engine.alignment, order)
+        dev, on_device = self.dev, verify and self.dev is not None
+        bases = np.cumsum([0] + [len(f.piece_src) for f in fills])
+        flags = dev.empty(max(1, int(bases[-1]))) if on_device else None
         t_start = time.perf_counter()
         inflight: deque = deque()                      # (fill index, buffer, handles)
         events: list = [None] * self.depth
@@ -218,17 +235,27 @@ class LayerWindow:
         corrupt: list[np.ndarray] = []
         lock = threading.Lock()
 
-        def land(f: Fill, buf, i: int):
-            """Check and scatter the pieces of command ``i`` of fill ``f`` (any thread)."""
+        def land(k: int, buf, i: int):
+            """Check and scatter the pieces of command ``i`` of fill ``k`` (any thread)."""
+            f = fills[k]
             sel = slice(f.bounds[i], f.bounds[i + 1])
             src, dest = f.piece_src[sel], f.piece_dest[sel]
-            if verify:
-                ok = _verify(buf, src, f.piece_checksum[sel], plan.piece_bytes)
-                if not ok.all():
-                    corrupt.append(dest[~ok])
-                    src, dest = src[ok], dest[ok]
             t = time.perf_counter()
-            ev = scatter_fn(f.layers[i], buf[:f.nbytes], src, dest)
+            if on_device:
+                mask = flags[bases[k] + sel.start:bases[k] + sel.stop]
+                checksum.verify_on_device(dev, buf, src, f.piece_checksum[sel],
+                                          plan.piece_bytes, mask, self.stream)
+                checked = dev.record(self.stream)
+                ev = scatter_fn(f.layers[i], buf[:f.nbytes], src, dest, mask)
+                ev = checked if ev is None else ev
+            else:
+                if verify:
+                    ok = checksum.verify_host(buf, src, f.piece_checksum[sel], plan.piece_bytes)
+                    if not ok.all():
+                        corrupt.append(dest[~ok])
+                        src, dest = src[ok], dest[ok]
+                t = time.perf_counter()
+                ev = scatter_fn(f.layers[i], buf[:f.nbytes], src, dest)
             dt = time.perf_counter() - t
             with lock:
                 per_layer[f.layers[i]][4] += dt
@@ -283,8 +310,8 @@ class LayerWindow:
                     lt[1] += 1
                     lt[2] += f.commands[i].length
                     lt[3] += waited
-                    ev = (_Done(self.pool.submit(land, f, buf, i)) if self.pool is not None
-                          else land(f, buf, i))
+                    ev = (_Done(self.pool.submit(land, k, buf, i)) if self.pool is not None
+                          else land(k, buf, i))
                     if ev is not None:
                         cur[1].append(ev)
                 events[b] = _Events(cur[1]) if cur[1] else None
@@ -298,18 +325,21 @@ class LayerWindow:
                 if ev is not None:
                     events[b] = None
                     ev.synchronize()
+            if on_device and bases[-1]:
+                dests = np.concatenate([f.piece_dest for f in fills])
+                corrupt.append(dests[dev.download(flags[:bases[-1]], self.stream) == 0])
         except BaseException:
             # never leave a read or a scatter running on our buffers; the first error is raised
             for handles in ([cur[0]] if cur else []) + [h for _, _, h in inflight]:
                 try:
                     _wait_all(handles)
-                except Exception:
-                    pass
+                except Exception as e:      # the first error is the one raised
+                    log.debug("flatcake: another read in flight failed too: %s", e)
             for ev in (cur[1] if cur else []) + [e for e in events if e is not None]:
                 try:
                     ev.synchronize()
-                except Exception:
-                    pass
+                except Exception as e:
+                    log.debug("flatcake: another scatter in flight failed too: %s", e)
             raise
         return RestoreStats(
             layers=len(per_layer), fills=len(fills), commands=sum(len(f.commands) for f in fills),
@@ -331,13 +361,6 @@ def _wait_all(handles: Sequence) -> None:
             first = first or e
     if first is not None:
         raise first
-
-
-def _verify(buf: np.ndarray, src: np.ndarray, sums: np.ndarray, pb: int) -> np.ndarray:
-    import xxhash
-    h = xxhash.xxh3_64_intdigest
-    return np.fromiter((h(buf[o:o + pb]) == int(c) for o, c in zip(src, sums)), dtype=bool,
-                       count=len(src))
 
 
 def _done(ev) -> bool | None:
@@ -383,95 +406,4 @@ class _Events:
 
 
 # ---------------------------------------------------------------- store -> KV slots
-@dataclass(frozen=True)
-class WindowRestore:
-    """``hits`` leading blocks are in their slots and verified; the rest are misses."""
-
-    hits: int
-    from_memory: int
-    from_ssd: int
-    corrupt: int
-    error: str | None
-    stats: RestoreStats | None
-
-
-def restore_through_window(store, keys: Sequence[str], dest_k, dest_v, slot_indices,
-                           window: LayerWindow | None = None, verify: bool | None = None,
-                           max_window_bytes: int = 256 << 20, workers: int = 2,
-                           order: str = "layer") -> WindowRestore:
-    """Restore the leading stored run of ``keys`` from a ``FlatCakeStore`` into KV slots.
-
-    ``dest_k[l]``/``dest_v[l]`` are layer ``l``'s ``[num_slots, heads, head_dim]`` buffers
-    (SGLang's MHA device pool; ``dest_v=None`` and ``dest_k[l]`` the one buffer for MLA),
-    host memory.  ``slot_indices`` are token slots, ``page_tokens`` per key, each page one
-    contiguous run.  SSD blocks go through ``window`` (default: a new one on
-    ``store.engine``, ``store.config.window_layers`` deep, sized to the largest layer up
-    to ``max_window_bytes``, with ``workers`` scatter threads), in ``order`` (see
-    ``plan_fills``); memory blocks are scattered from the host arena.  Sessions stay pinned until the last copy ends.  Like
-    ``store.get``: a failed checksum makes its block and all after it misses; an I/O
-    error makes the whole call a miss (``error`` says why).
-    """
-    from .errors import IOEngineError
-    from .planner import empty_plan, plan_reads
-    from .scatter import scatter_layer, warm_up
-
-    warm_up()
-    lay = store.layout
-    if (dest_v is None) != (lay.parts == 1):
-        raise ValueError(f"a {lay.kind} layout needs {'no dest_v' if lay.parts == 1 else 'dest_v'}")
-    dests = [dest_k] if dest_v is None else [dest_k, dest_v]
-    for name, d in zip(("dest_k", "dest_v"), dests):
-        if len(d) != lay.layers:
-            raise ValueError(f"{name} has {len(d)} layers; the layout has {lay.layers}")
-    pt = lay.page_tokens
-    slots = np.asarray(slot_indices, dtype=np.int64).reshape(-1)
-    if slots.size != len(keys) * pt:
-        raise ValueError(f"{slots.size} slot indices for {len(keys)} pages of {pt} tokens")
-    pages = slots.reshape(-1, pt)
-    bad = np.nonzero((pages != pages[:, :1] + np.arange(pt)).any(axis=1))[0]
-    if len(bad):
-        raise ValueError(f"page {bad[0]}: slots {pages[bad[0]].tolist()[:8]} are not one "
-                         f"contiguous run of {pt}")
-    first_slot = pages[:, 0]
-    verify = store.config.verify_reads if verify is None else verify
-    res = store._resolve(keys, pin=True)
-    try:
-        if res.memory:
-            d_i, s_i = (np.array(x, np.int64) for x in zip(*res.memory))
-            for layer in range(lay.layers):
-                scatter_layer(store.arena.buf, s_i * lay.block_bytes + layer * lay.block_layer_bytes,
-                              first_slot[d_i], [d[layer] for d in dests], lay)
-        plan = (plan_reads(res.reads, store.config.alignment, store.config.merge_gap_bytes)
-                if res.reads else empty_plan(lay.block_layer_bytes))
-        stats = None
-        if plan.commands:
-            def scatter_fn(layer, buf, src, dest):
-                return scatter_layer(buf, src, first_slot[dest], [d[layer] for d in dests], lay)
-            own = window is None
-            if own:
-                per_layer = np.bincount(plan.command_layer,
-                                        weights=[c.length for c in plan.commands])
-                window = LayerWindow(store.engine, int(min(per_layer.max(), max_window_bytes)),
-                                     store.config.window_layers, workers=workers)
-            try:
-                stats = window.restore(plan, scatter_fn, verify=verify, order=order)
-            except IOEngineError as e:
-                store.counters["read_errors"] += 1
-                return WindowRestore(0, 0, 0, 0, str(e), None)
-            finally:
-                if own:
-                    window.close()
-    finally:
-        store._unpin(res.sessions)
-    corrupt = stats.corrupt if stats else ()
-    hits = min([res.n] + list(corrupt))
-    mem = sum(1 for d, _ in res.memory if d < hits)
-    c = store.counters             # the same counters as ``store.get``
-    c["read_commands"] += plan.read_commands
-    c["bytes_read"] += plan.bytes_read
-    c["bytes_wanted"] += plan.bytes_wanted
-    c["bytes_gap"] += plan.gap_bytes
-    c["checksum_failures"] += len(corrupt)
-    c["memory_blocks_read"] += mem
-    c["ssd_blocks_read"] += hits - mem
-    return WindowRestore(hits, mem, hits - mem, len(corrupt), None, stats)
+from .to_slots import WindowRestore, restore_through_window  # noqa: E402,F401  (re-export)

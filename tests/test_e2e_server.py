@@ -150,11 +150,16 @@ def restores(log_path) -> list[dict]:
             for m in RESTORED.finditer(open(log_path).read())]
 
 
-def test_multi_turn_history_served_from_storage_after_flush(model, tmp_path, reference):
+@pytest.mark.parametrize("device", ["host", "emulated"])
+def test_multi_turn_history_served_from_storage_after_flush(model, tmp_path, reference, device):
+    """``emulated``: the server's CPU pool is served as device memory
+    (``FLATCAKE_EMULATE_DEVICE=1``), so the restore takes the GPU's branch: device window,
+    checksums by the kernel's launcher, scatter launches on a stream."""
     store = tmp_path / "store"
     a = reference["a"]
+    env = {"FLATCAKE_EMULATE_DEVICE": "1" if device == "emulated" else "0"}
     with ServerProcess(cpu_server_args(model, str(store), PAGE),
-                       log_path=str(tmp_path / "s.log")) as s:
+                       log_path=str(tmp_path / "s.log"), env=env) as s:
         first = generate(s, a, 16)
         assert np.allclose(logprobs(first), logprobs(reference["first"]), atol=1e-4)
         wait_for(lambda: stored_blocks(store) >= len(a) // PAGE, what="turn 1 to be stored")
@@ -167,6 +172,7 @@ def test_multi_turn_history_served_from_storage_after_flush(model, tmp_path, ref
     done = restores(tmp_path / "s.log")
     assert done and done[-1]["tokens"] >= len(a) - 2 * PAGE and done[-1]["ssd_mib"] > 0, done
     assert all(r["host_pool_gets"] == 0 for r in done), done
+    assert f"direct restores into {device} memory" in open(tmp_path / "s.log").read()
 
 
 def test_failure_injector_keeps_answers_correct(model, tmp_path, reference):

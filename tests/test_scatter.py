@@ -183,12 +183,14 @@ struct uint4 { unsigned int x, y, z, w; };
 struct flatcake_dim3 { unsigned int x, y, z; };
 static flatcake_dim3 blockIdx, blockDim, gridDim, threadIdx;
 #define __global__
+#define __restrict__
 #include "scatter.cu"
 #define CALL(W, T) case W: flatcake_scatter_w##W((const T*)win, src, dst, (T*)d0, (T*)d1, \
-                                                  units, parts, pw, rw); break;
+                                                  units, parts, pw, rw, ok); break;
 extern "C" int run(int word, unsigned gx, unsigned gy, unsigned bx, const void* win,
                    const long long* src, const long long* dst, void* d0, void* d1,
-                   long long units, int parts, long long pw, long long rw) {
+                   long long units, int parts, long long pw, long long rw,
+                   const unsigned char* ok) {
     gridDim = {gx, gy, 1}; blockDim = {bx, 1, 1};
     for (unsigned y = 0; y < gy; ++y) for (unsigned x = 0; x < gx; ++x)
         for (unsigned t = 0; t < bx; ++t) {
@@ -215,10 +217,13 @@ def cu_on_cpu(tmp_path_factory):
 
 @pytest.mark.parametrize("case", SWEEP, ids=[f"{c[0]}-{c[4]}-{c[3]}-n{c[5]}" for c in SWEEP])
 @pytest.mark.parametrize("caps", [(1 << 20, 65535), (1, 2)], ids=["full-grid", "strided-grid"])
-def test_cuda_source_indexing_on_cpu(cu_on_cpu, case, caps):
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+def test_cuda_source_indexing_on_cpu(cu_on_cpu, case, caps, masked):
     kind, heads, dim, dtype, pt, n, shift = case
     lay, window, src, dst, dests = make_case(kind, heads, dim, dtype, pt, n, shift, seed=2)
-    want = expected(lay, window, src, dst, dests)
+    ok = (np.arange(n) % 3 != 1).astype(np.uint8)          # every third piece failed its check
+    keep = ok.astype(bool) if masked else np.ones(n, bool)
+    want = expected(lay, window, src[keep], dst[keep], dests)
     ln = sc.prepare(window, src, dst, dests, lay)
     if n:
         w = ln.word
@@ -230,7 +235,8 @@ def test_cuda_source_indexing_on_cpu(cu_on_cpu, case, caps):
                            ptr(ln.window.ctypes.data), ptr(sw.ctypes.data), ptr(dr.ctypes.data),
                            ptr(ln.dests[0].ctypes.data), ptr(ln.dests[-1].ctypes.data),
                            ctypes.c_longlong(units), ctypes.c_int(ln.parts), ctypes.c_longlong(pw),
-                           ctypes.c_longlong(ln.row_bytes // w))
+                           ctypes.c_longlong(ln.row_bytes // w),
+                           ptr(ok.ctypes.data) if masked else ptr(None))
         assert rc == 0
     check(dests, want)
 
@@ -251,12 +257,16 @@ SIM = textwrap.dedent("""
     from sglang_flatcake import scatter as sc
 
     @cuda.jit
-    def scatter(window, src_word, dst_row, dst0, dst1, n_units, n_parts, part_words, row_words):
+    def scatter(window, src_word, dst_row, dst0, dst1, n_units, n_parts, part_words, row_words,
+                ok):
         # kernels/scatter.cu, line for line
         step = cuda.gridDim.x * cuda.blockDim.x
         u = cuda.blockIdx.y
         while u < n_units:
             piece = u if n_parts == 1 else u >> 1
+            if ok[piece] == 0:
+                u += cuda.gridDim.y
+                continue
             part = u - piece * n_parts
             s = src_word[piece] + part * part_words
             d = dst_row[piece] * row_words
@@ -286,7 +296,8 @@ SIM = textwrap.dedent("""
             dev = [cuda.to_device(v.view(dt)) for v in ln.dests]   # one copy each, even MLA
             scatter[grid[:2], block[0]](cuda.to_device(ln.window.view(dt)),
                                         cuda.to_device(ln.src // w), cuda.to_device(ln.dst),
-                                        dev[0], dev[-1], units, ln.parts, pw, ln.row_bytes // w)
+                                        dev[0], dev[-1], units, ln.parts, pw, ln.row_bytes // w,
+                                        cuda.to_device(np.ones(len(ln.src), np.uint8)))
             for d, v in zip(dev, ln.dests):
                 d.copy_to_host(v.view(dt))
             check(dests, want)

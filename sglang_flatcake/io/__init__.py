@@ -25,22 +25,4 @@ def make_engine(name: str, alignment: int = 4096, threads: int = 4) -> IOEngine:
     raise ConfigError(f"io_engine={name!r} is not allowed: one of auto, posix, io_uring, kvikio")
 
 
-def make_window_engine(name: str, device: str, alignment: int = 4096,
-                       threads: int = 4) -> tuple[IOEngine, str]:
-    """(engine, window device) for the device read path: kvikio straight into device memory
-    when it can run, else a host engine and a host window (the caller then stages)."""
-    from ..errors import ConfigError
-
-    if device == "cuda" and name in ("auto", "kvikio"):
-        from .kvikio_engine import KvikioEngine, kvikio_usable
-        ok, why = kvikio_usable()
-        if ok:
-            return KvikioEngine(alignment=alignment, threads=threads), "cuda"
-        if name == "kvikio":
-            raise ConfigError(f"io_engine='kvikio' cannot run here: {why}")
-    elif name == "kvikio":
-        raise ConfigError("io_engine='kvikio' reads into device memory; the device is cpu")
-    return make_engine("posix" if name in ("auto", "kvikio") else name, alignment, threads), "cpu"
-
-
-__all__ = ["IOEngine", "ReadCommand", "aligned_empty", "make_engine", "make_window_engine"]
+__all__ = ["IOEngine", "ReadCommand", "aligned_empty", "make_engine"]

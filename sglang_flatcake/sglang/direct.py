@@ -22,6 +22,10 @@ storage prefetch (storage -> host pool -> device).  Instead, for each request:
 
 SGLang's host pool is never touched by a flatcake read; ``counters`` proves it
 (``host_pool_gets`` counts the backend's ``batch_get_v1`` calls, which stay 0).
+
+A CUDA pool takes the device branch (a kvikio window in device memory, checksums and
+scatter on the device).  With ``FLATCAKE_EMULATE_DEVICE=1`` a CPU pool takes the same
+branch on the emulated device (``device.EMULATED``), so CI runs it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import address as addr
+from .. import device as dv
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -88,14 +93,21 @@ class DirectRestorer:
         else:
             self.dest_k, self.dest_v = list(kv.kv_buffer), None
         self.window = None
-        if getattr(self.dest_k[0], "is_cuda", False):
-            # a GPU: SSD bytes land in a device window (kvikio) and are scattered there
-            from ..io import make_window_engine
+        self.device = dv.device_of(self.dest_k[0])
+        if self.device is None and dv.emulation_wanted():
+            self.device = dv.EMULATED          # the CPU pool, served as device memory
+            self.dest_k = [dv.emulated_view(t) for t in self.dest_k]
+            self.dest_v = None if self.dest_v is None else [dv.emulated_view(t)
+                                                            for t in self.dest_v]
+        if self.device is not None:
+            # SSD bytes land in a device window (kvikio), are verified and scattered there
             from ..window import LayerWindow
             cfg = self.backend.config
-            engine, device = make_window_engine(cfg.io_engine, "cuda", cfg.alignment,
-                                                cfg.io_threads)
-            self.window = LayerWindow(engine, WINDOW_BYTES, cfg.window_layers, device=device)
+            engine = dv.window_engine(self.device, cfg.alignment, cfg.io_threads)
+            self.window = LayerWindow(engine, WINDOW_BYTES, cfg.window_layers,
+                                      device=self.device.name)
+        log.info("flatcake: direct restores into %s memory",
+                 "host" if self.device is None else self.device.name)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-restore")
         from ..scatter import warm_up
         self.pool.submit(warm_up)              # compile the CPU scatter before the first restore
@@ -258,3 +270,4 @@ class DirectRestorer:
         self.pool.shutdown(wait=True)
         if self.window is not None:
             self.window.close()
+            self.window.engine.close()

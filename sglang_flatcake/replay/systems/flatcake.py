@@ -9,7 +9,7 @@ import numpy as np
 
 from ...config import FlatCakeConfig
 from ...errors import IOEngineError
-from ...planner import plan_reads
+from ...read_lease import ReadLease
 from ...store import FlatCakeStore
 from ..flags import SCALED
 from .base import DataPool, RequestState, System, SystemContext
@@ -34,8 +34,8 @@ class _ReplayStore(FlatCakeStore):
 class _Restore:
     """A request's pinned view of the store between lookup and the end of its read."""
 
-    def __init__(self, res) -> None:
-        self.res = res                 # store._Resolved: leading run, memory slots, SSD reads
+    def __init__(self, lease: ReadLease) -> None:
+        self.lease = lease             # leading run, memory slots, SSD reads; pins until release
         self.hits = 0
         self.from_memory = 0
 
@@ -85,27 +85,13 @@ class FlatCake(System):
         self.pool = DataPool(s.block_bytes, ctx.seed)
         self._threads = ThreadPoolExecutor(max_workers=ctx.streams,
                                            thread_name_prefix="replay-restore")
-        st = self.store
-        self._read_into = (getattr(getattr(st, "reader", None), "read_into", None)
-                           or getattr(st, "_execute", None))
-        self._split = hasattr(st, "_resolve") and hasattr(st, "_unpin") and self._read_into is not None
-        if not self._split:   # public API only: pins then follow the read threads' timing
-            self.io.extra["note"] = "store lacks _resolve/_unpin/reader.read_into: used get()"
 
     # -- read path ---------------------------------------------------------
     def lookup(self, rs: RequestState) -> None:
-        st = self.store
-        if self._split:
-            r = _Restore(st._resolve(rs.keys, pin=True))
-            rs.n_found = r.res.n
-            rs.needs_restore = bool(r.res.reads)
-            n_ssd = len(r.res.ssd)
-        else:
-            r = _Restore(None)
-            locs = st.locate(rs.keys[:st.exists(rs.keys)])
-            rs.n_found = len(locs)
-            n_ssd = sum(1 for a in locs if a.medium != 0)
-            rs.needs_restore = n_ssd > 0
+        r = _Restore(self.store.read_lease(rs.keys))
+        rs.n_found = r.lease.n
+        rs.needs_restore = bool(r.lease.reads)
+        n_ssd = len(r.lease.ssd)
         rs.restore_bytes = n_ssd * self.ctx.sizing.full_block_bytes if rs.needs_restore else 0.0
         rs.sys = r
         if not rs.needs_restore:      # all in memory: copy now, ready at once
@@ -114,33 +100,23 @@ class FlatCake(System):
     def _read_now(self, rs: RequestState, r: _Restore) -> None:
         n = rs.n_found
         if n == 0:
-            if self._split:
-                self.store._unpin(r.res.sessions)
+            r.lease.release()
             return
         out = self.store.alloc_blocks(n)
-        if self._split:
-            for dest, slot in r.res.memory:
-                out[dest] = self.store.arena.buf[slot].reshape(out.shape[1], -1)
-            self.store._unpin(r.res.sessions)
-            r.hits = r.from_memory = n
-        else:
-            g = self.store.get(rs.keys[:n], out)
-            r.hits, r.from_memory = g.hits, g.from_memory
+        r.lease.copy_memory(out)
+        r.lease.record(r.lease.plan(), n)
+        r.lease.release()
+        r.hits = r.from_memory = n
 
     def start_restore(self, rs: RequestState, done: Callable[[RequestState], None]) -> None:
         rs.prefetch_start = self.ctx.loop.now
         r: _Restore = rs.sys
-        st, cfg, n = self.store, self.config, rs.n_found
-        out = st.alloc_blocks(n)
-        if self._split:
-            plan = plan_reads(r.res.reads, cfg.alignment, cfg.merge_gap_bytes)
-            bad = np.zeros(n, dtype=bool)
-            fut = self._threads.submit(self._execute, r, plan, out, bad)
-            nbytes, cmds = plan.bytes_read, plan.read_commands
-        else:
-            plan = st.plan(rs.keys[:n])
-            fut = self._threads.submit(st.get, rs.keys[:n], out)
-            nbytes, cmds = plan.bytes_read, plan.read_commands
+        n = rs.n_found
+        out = self.store.alloc_blocks(n)
+        plan = r.lease.plan()
+        bad = np.zeros(n, dtype=bool)
+        fut = self._threads.submit(self._execute, r, plan, out, bad)
+        nbytes, cmds = plan.bytes_read, plan.read_commands
         self.io.ssd_bytes_read += nbytes
         self.io.read_commands += cmds
         # a layer-split command at real size stands for layer_factor commands at full size
@@ -150,28 +126,24 @@ class FlatCake(System):
 
     def _execute(self, r: _Restore, plan, out: np.ndarray, bad: np.ndarray) -> tuple[int, int]:
         """Runs on a restore thread: memory copies and the SSD reads of one request."""
-        st = self.store
-        for dest, slot in r.res.memory:
-            out[dest] = st.arena.buf[slot].reshape(out.shape[1], -1)
+        lease = r.lease
+        lease.copy_memory(out)
         try:
-            if self._read_into is getattr(st, "_execute", None):
-                st._execute(plan, out, bad)
-            else:
-                self._read_into(plan, out, bad, self.config.verify_reads)
+            self.store.reader.read_into(plan, out, bad, self.config.verify_reads)
         except IOEngineError:
+            lease.record(plan, 0, read_error=True)
             return 0, 0
         badi = np.nonzero(bad)[0]
-        hits = int(badi[0]) if len(badi) else r.res.n
-        return hits, sum(1 for d, _ in r.res.memory if d < hits)
+        hits = int(badi[0]) if len(badi) else lease.n
+        lease.record(plan, hits, int(bad.sum()))
+        return hits, lease.memory_hits(hits)
 
     def _join(self, rs: RequestState, fut) -> None:
         r: _Restore = rs.sys
-        got = fut.result()
-        if self._split:
-            r.hits, r.from_memory = got
-            self.store._unpin(r.res.sessions)
-        else:
-            r.hits, r.from_memory = got.hits, got.from_memory
+        try:
+            r.hits, r.from_memory = fut.result()
+        finally:
+            r.lease.release()
 
     def _restored(self, rs: RequestState, done: Callable[[RequestState], None]) -> None:
         rs.prefetch_end = self.ctx.loop.now
