@@ -73,6 +73,24 @@ def config_from_extra(extra: dict | None) -> tuple[FlatCakeConfig, dict]:
     return FlatCakeConfig.from_mapping(ours, prefix="--flatcake-"), rest
 
 
+def store_root(cfg: FlatCakeConfig, rest: dict) -> str:
+    """The folder every rank's store lives under (``--flatcake-store-dir`` or SGLang's file path)."""
+    return (cfg.store_dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
+            or rest.get("file_storage_path") or "/tmp/flatcake")
+
+
+def check_writable(root: str) -> None:
+    """Create ``root`` and write a file in it; ``ConfigError`` naming the path if that fails."""
+    import tempfile
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".flatcake-write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--flatcake-store-dir={root!r} cannot be written: "
+                          f"{e.strerror or e}") from None
+
+
 def rank_dir(root: str, cfg: Any) -> Path:
     """The folder one rank owns: ``root/<model>/tp<rank>of<size>[_pp..][_dp..][_cp..]``."""
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(getattr(cfg, "model_name", None) or "model"))[-80:]
@@ -115,8 +133,8 @@ class FlatCakeStorage(HiCacheStorage):
             raise ConfigError(
                 "flatcake: MLA models with --tp-size > 1 are not supported yet (only one rank "
                 "writes MLA pages, and each rank owns its own store); use --tp-size 1")
-        root = (self.config.store_dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
-                or rest.get("file_storage_path") or "/tmp/flatcake")
+        root = store_root(self.config, rest)
+        check_writable(root)
         self.dir = rank_dir(root, storage_config)
         if self.config.ssd_path:
             import dataclasses
