@@ -247,6 +247,8 @@ class FlatCakeStorage(HiCacheStorage):
         st["host_pool_gets"] = self.host_pool_gets
         st["host_pool_bytes_for_ssd_hits"] = self.host_pool_bytes_for_ssd_hits
         st["direct"] = dict(self.direct_counters)
+        from .write_once import COUNTERS as write_once
+        st["write_once"] = dict(write_once)
         signal_board.BOARD.publish(st)
         global _METRICS
         if _METRICS is None:
