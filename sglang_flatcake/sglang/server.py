@@ -69,8 +69,8 @@ class ServerProcess:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} while starting; "
-                                   f"log: {self.log_path} {self.tail()}")
+                raise RuntimeError(f"server exited with {self.proc.returncode} while starting: "
+                                   f"{self.failure_line()} (log: {self.log_path})")
             try:
                 with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as r:
                     if r.status == 200:
@@ -79,7 +79,8 @@ class ServerProcess:
                 pass
             time.sleep(1)
         self.stop()
-        raise TimeoutError(f"server not healthy after {timeout}s; log: {self.log_path} {self.tail()}")
+        raise TimeoutError(f"server not healthy after {timeout}s: {self.failure_line()} "
+                           f"(log: {self.log_path})")
 
     def tail(self, n: int = 4000) -> str:
         if not self.log_path or not Path(self.log_path).exists():
