@@ -57,7 +57,7 @@ def add_arguments(p) -> None:
     p.add_argument("--backends", help="comma list for --compare (default none,file,mooncake,flatcake)")
     p.add_argument("--json", help="write the rows (one per backend) as JSON here")
     p.add_argument("--plot", help="write a PNG of the rows here")
-    p.add_argument("--keep-server", action="store_true", help="leave the (last) server running")
+    p.add_argument("--keep-server", action="store_true", help="leave the server running (not with --compare)")
     p.add_argument("server_args", nargs="*", help="extra sglang.launch_server flags (after --)")
 
 
@@ -204,6 +204,8 @@ def _run(args) -> int:
               file=sys.stderr)
         model = str(build_tiny_llama(work / "tiny-llama", max_positions=ctx))
     backends = ["flatcake"]
+    if args.compare and args.keep_server:
+        raise DemoFailure("--keep-server keeps the one flatcake server; it cannot go with --compare")
     if args.compare:
         backends = (args.backends or ",".join(BACKENDS)).split(",")
         unknown = [b for b in backends if b not in BACKENDS]
