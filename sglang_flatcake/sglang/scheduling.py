@@ -136,8 +136,8 @@ class FlatCakeScheduling:
         self.to_start = still
 
     def decode_headroom(self, flow: Flow) -> bool:
-        """May ``flow`` pin its device slots now?  Only when free plus evictable slots still
-        cover, afterwards, the output tokens still to come of every running request and of every
+        """May ``flow`` pin its device slots (and lock its device prefix) now?  Only when free
+        plus evictable slots still cover, afterwards, the output tokens still to come of every running request and of every
         request whose restore holds slots (this one included): slots pinned by restores while a
         decode needed them made SGLang abort that decode for lack of memory.  The inputs are
         the same on every rank."""
@@ -151,7 +151,10 @@ class FlatCakeScheduling:
                       + self.restorer.page for r in uniq)
         evictable = self.restorer.tree.evictable_size
         evictable = evictable() if callable(evictable) else evictable
-        ok = self.restorer.allocator.available_size() + int(evictable) - flow.tokens >= reserve
+        # the restore takes flow.tokens free slots and locks the flow.start-token device prefix
+        # it extends, which leaves the evictable budget (counted whole: it may be locked already)
+        pinned_now = flow.tokens + flow.start
+        ok = self.restorer.allocator.available_size() + int(evictable) - pinned_now >= reserve
         if not ok:
             c = self.restorer.counters
             c["waits_for_decode_room"] = c.get("waits_for_decode_room", 0) + 1
