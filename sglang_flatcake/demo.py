@@ -131,7 +131,12 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
 
     store = Path(args.store_dir) / backend if args.store_dir and args.compare else \
         Path(args.store_dir) if args.store_dir else work / f"store-{backend}"
-    master = MooncakeMaster(work / "mooncake-master.log").start() if backend == "mooncake" else None
+    master = None
+    if backend == "mooncake":
+        try:
+            master = MooncakeMaster(work / "mooncake-master.log").start()
+        except (RuntimeError, TimeoutError, OSError) as e:
+            raise DemoFailure(f"mooncake_master did not start: {e}") from None
     log = work / f"server-{backend}.log"
     server = ServerProcess(server_args_for(args, backend, model, store,
                                            master.port if master else None), log_path=str(log))
