@@ -4,12 +4,15 @@
         --rates 0.5,1,2 [--trace T.jsonl] [--num-prompts N] --json OUT.json --plot OUT.png
 
 For each backend a server starts once (``flatcake``: FlatCake; ``file``: SGLang's
-HiCacheFile; ``none``: HiCache off, device cache only); for each rate the
-device and host caches are flushed and the trace (Mooncake JSON lines) is
-replayed by SGLang's own ``bench_serving --dataset-name mooncake`` with its
+HiCacheFile; ``mooncake``: SGLang's mooncake backend on a real Mooncake Store,
+skipped with a line saying why when it is not installed; ``none``: HiCache
+off, device cache only); for each rate the device and host caches are flushed
+and the trace (Mooncake JSON lines) is replayed by ``replay_client`` with its
 timestamps scaled to that mean request rate.  Storage tiers keep their
-contents across rates, as a running server would.  Prints a table and one JSON
-document (rows: backend, rate, TTFT mean and P99, throughput, cache report);
+contents across rates, as a running server would.  Every count comes from the
+responses: a rejected or failed request stops the sweep with the server's
+reason.  Prints a table and one JSON document (rows: backend, rate, requests
+sent and served, output tokens, TTFT mean and P99, cache tokens);
 ``--plot`` draws TTFT P99 and storage-hit share against rate, a line per
 backend.  Without ``--model-path`` it builds the tiny CPU model and runs CPU
 servers (what CI does at a tiny scale); with one, pass GPU server flags after ``--``.
@@ -19,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from sglang_flatcake.demo import backup_tokens, flush
+from sglang_flatcake.sglang.peers import (MooncakeMaster, backend_extra_config, extra_config_flag,
+                                          mooncake_missing)
+from sglang_flatcake.sglang.replay_client import load_trace, replay
 from sglang_flatcake.sglang.server import ServerProcess, cpu_server_args
 from sglang_flatcake.sglang.trace_slice import SLICE
 
@@ -35,49 +40,21 @@ def trace_rate(path: Path, n: int | None) -> float:
     return len(ts) / span if span > 0 else float(len(ts))
 
 
-def flush(server: ServerProcess, timeout: float = 120) -> None:
-    import urllib.error
-    import urllib.request
-    deadline = time.time() + timeout
-    while True:
-        try:
-            req = urllib.request.Request(server.url + "/flush_cache", data=b"", method="POST")
-            with urllib.request.urlopen(req, timeout=60):
-                return
-        except urllib.error.HTTPError as e:     # refused while backups are in flight
-            if e.code != 400 or time.time() > deadline:
-                raise
-            time.sleep(1)
-
-
-def run_rate(server: ServerProcess, model: str, trace: Path, factor: float,
-             n: int | None, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
-           "--host", "127.0.0.1", "--port", str(server.port), "--dataset-name", "mooncake",
-           "--dataset-path", str(trace), "--tokenizer", model, "--model", model,
-           "--mooncake-slowdown-factor", f"{factor:.6g}", "--cache-report",
-           "--output-file", str(out)]
-    if n:
-        cmd += ["--num-prompts", str(n)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"bench_serving failed: {r.stdout[-2000:]} {r.stderr[-2000:]}")
-    return json.loads(out.read_text().strip().splitlines()[-1])
+def run_rate(server: ServerProcess, trace: Path, factor: float, n: int | None) -> dict:
+    res = replay(server.url, load_trace(trace, factor, limit=n))
+    bad = res.first_failure()
+    if bad:
+        raise RuntimeError(f"{len(res.failures)} of {len(res.outcomes)} requests failed; "
+                           f"first: {bad}")
+    return res.summary
 
 
 def row(backend: str, rate: float, res: dict) -> dict:
-    cache = res.get("cache_report") or {}
-    prompt = cache.get("total_prompt_tokens") or res.get("total_input_tokens") or 0
-    storage = cache.get("storage_cached_tokens") or 0
-    return {"backend": backend, "rate": rate, "completed": res.get("completed"),
-            "ttft_ms_mean": round(res.get("mean_ttft_ms", 0.0), 2),
-            "ttft_ms_p99": round(res.get("p99_ttft_ms", 0.0), 2),
-            "throughput_rps": round(res.get("request_throughput", 0.0), 4),
-            "cache_hit_pct": cache.get("cache_hit_rate_pct"),
-            "device_tokens": cache.get("device_cached_tokens"),
-            "host_tokens": cache.get("host_cached_tokens"),
-            "storage_tokens": storage,
-            "storage_share": round(storage / prompt, 4) if prompt else None}
+    prompt = res["prompt_tokens"]
+    wall = res["wall_s"]
+    return {"backend": backend, "rate": rate, **res,
+            "throughput_rps": round(res["requests_served"] / wall, 4) if wall else None,
+            "storage_share": round(res["storage_tokens"] / prompt, 4) if prompt else None}
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -87,7 +64,7 @@ def plot(rows: list[dict], path: str) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for backend in dict.fromkeys(r["backend"] for r in rows):
         rs = [r for r in rows if r["backend"] == backend]
-        a.plot([r["rate"] for r in rs], [r["ttft_ms_p99"] / 1000 for r in rs], marker="o", label=backend)
+        a.plot([r["rate"] for r in rs], [r["ttft_s_p99"] or 0 for r in rs], marker="o", label=backend)
         b.plot([r["rate"] for r in rs], [100 * (r["storage_share"] or 0) for r in rs], marker="o",
                label=backend)
     a.set(xlabel="request rate (req/s)", ylabel="P99 TTFT (s)", title="P99 time to first token")
@@ -103,7 +80,9 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path")
-    p.add_argument("--backends", default="flatcake,file,none")
+    p.add_argument("--backends", default="flatcake,file,mooncake,none")
+    p.add_argument("--max-total-tokens", type=int, default=16384)
+    p.add_argument("--hicache-ratio", type=float, default=1.25)
     p.add_argument("--rates", default="0.5,1,2")
     p.add_argument("--trace", default=str(SLICE))
     p.add_argument("--num-prompts", type=int)
@@ -126,33 +105,45 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     rows = []
     for backend in a.backends.split(","):
+        if backend == "mooncake" and mooncake_missing():
+            print(f"  skipping mooncake: {mooncake_missing()}", file=sys.stderr)
+            continue
         store = work / f"store-{backend}"
-        if a.model_path:
-            args = ["--model-path", model, "--enable-cache-report"]
-            if backend != "none":
-                args += ["--enable-hierarchical-cache", "--hicache-storage-backend", backend,
-                         "--hicache-storage-prefetch-policy", "wait_complete"]
-                args += (["--flatcake-store-dir", str(store)] if backend == "flatcake" else
-                         ["--hicache-storage-backend-extra-config",
-                          json.dumps({"file_storage_path": str(store)})])
-        else:
-            args = cpu_server_args(model, str(store), 16, backend=backend, max_total_tokens=4096,
-                                   hicache_ratio=1.5)
-        args += a.server_args
-        with ServerProcess(args, log_path=str(work / f"server-{backend}.log")) as server:
-            for rate in rates:
-                flush(server)
-                print(f"  {backend} at {rate} req/s ...", file=sys.stderr)
-                res = run_rate(server, model, trace, base_rate / rate, a.num_prompts,
-                               work / f"bench-{backend}-{rate}.jsonl")
-                rows.append(row(backend, rate, res))
-    print(f"{'backend':<10} {'rate':>6} {'done':>5} {'TTFT mean':>10} {'TTFT p99':>10} {'req/s':>7} "
-          f"{'hit':>6} {'storage':>8}")
+        master = MooncakeMaster(work / "mooncake-master.log").start() \
+            if backend == "mooncake" else None
+        try:
+            cfg = backend_extra_config(backend, str(store), master.port if master else None)
+            if a.model_path:
+                args = ["--model-path", model, "--enable-cache-report"]
+                if backend != "none":
+                    args += ["--enable-hierarchical-cache", "--hicache-storage-backend", backend,
+                             "--hicache-storage-prefetch-policy", "wait_complete"]
+                    args += (["--flatcake-store-dir", str(store)] if backend == "flatcake"
+                             else extra_config_flag(cfg))
+            else:
+                args = cpu_server_args(model, str(store), 16, backend=backend,
+                                       max_total_tokens=a.max_total_tokens,
+                                       hicache_ratio=a.hicache_ratio, extra_config=cfg)
+            args += ["--enable-metrics"] + a.server_args
+            with ServerProcess(args, log_path=str(work / f"server-{backend}.log")) as server:
+                for rate in rates:
+                    flush(server)
+                    print(f"  {backend} at {rate} req/s ...", file=sys.stderr)
+                    rows.append(row(backend, rate, run_rate(server, trace, base_rate / rate,
+                                                            a.num_prompts)))
+                backed = backup_tokens(server) if backend != "none" else 0
+                for r in rows:
+                    if r["backend"] == backend:
+                        r["backup_tokens_all_rates"] = backed
+        finally:
+            if master is not None:
+                master.stop()
+    print(f"{'backend':<10} {'rate':>6} {'served':>7} {'out tok':>8} {'TTFT mean':>10} "
+          f"{'TTFT p99':>10} {'req/s':>7} {'storage':>8}")
     for r in rows:
-        hit = r["cache_hit_pct"]
-        print(f"{r['backend']:<10} {r['rate']:>6} {r['completed']:>5} {r['ttft_ms_mean']:>10.1f} "
-              f"{r['ttft_ms_p99']:>10.1f} {r['throughput_rps']:>7.3f} "
-              f"{(hit if isinstance(hit, (int, float)) else 0):>5.1f}% {r['storage_share'] or 0:>8.1%}")
+        print(f"{r['backend']:<10} {r['rate']:>6} {r['requests_served']:>3}/{r['requests_sent']:<3} "
+              f"{r['output_tokens']:>8} {r['ttft_s_mean'] or 0:>10.3f} {r['ttft_s_p99'] or 0:>10.3f} "
+              f"{r['throughput_rps'] or 0:>7.3f} {r['storage_share'] or 0:>8.1%}")
     doc = {"rows": rows, "trace": str(trace), "model": model, "workdir": str(work)}
     print(json.dumps(doc))
     if a.json:
@@ -163,4 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except RuntimeError as e:                  # a failed request or a server that did not start
+        print(f"serving_sweep: error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,107 +1,240 @@
 """``flatcake demo``: a real SGLang server with FlatCake, replaying a bundled agent trace slice.
 
-On a CPU machine (the default) it builds a tiny random Llama (no download),
-starts ``sglang.launch_server --device cpu ... --hicache-storage-backend flatcake``
-on a temporary store with host memory smaller than the working set, replays
-``data/agent_slice_mooncake.jsonl`` through SGLang's own ``bench_serving``, and
-prints the cache report (device, host and storage hits), flatcake's counters
-and where the store lives.  ``--model-path`` runs the same on a real model (a
-GPU server; pass extra server flags after ``--``).
+On a CPU machine (the default) it builds a tiny random Llama (no download) with
+a context long enough for the slice's longest request, starts
+``sglang.launch_server --device cpu ... --hicache-storage-backend flatcake`` on a
+temporary store with host memory smaller than the working set, replays
+``data/agent_slice_mooncake.jsonl`` ``--passes`` times (the device and host
+caches are flushed between passes, so later passes lean on storage) with
+``replay_client``, and prints what the responses say: requests served, output
+tokens, device / host / storage tokens, TTFT; then flatcake's counters and where
+the store lives.  Any rejected or failed request, or a server that does not
+start, fails the demo with the server's own one-line reason.
+
+``--compare`` replays the same slice with the same server flags and host-pool
+size on ``none``, ``file``, ``mooncake`` (a real Mooncake Store; skipped with a
+line saying why when it is not installed) and ``flatcake``, and prints one table
+(``--json OUT``, ``--plot OUT.png``).  ``--model-path`` runs the same on a real
+model (a GPU server; extra server flags after ``--``).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+
+from .demo_report import print_flatcake_counters, print_table, plot
+
+ROW_KEYS = ("requests_sent", "requests_served", "output_tokens", "device_tokens", "host_tokens",
+            "storage_tokens", "backup_tokens", "ttft_s_mean", "ttft_s_p99", "wall_s")
+
+
+class DemoFailure(Exception):
+    """The demo cannot go on; the message is one line a user can act on."""
 
 
 def add_arguments(p) -> None:
     p.add_argument("--model-path", help="a real model (GPU server); default: a tiny CPU model")
     p.add_argument("--store-dir", help="store directory (default: a new temporary one)")
     p.add_argument("--trace", help="Mooncake-format JSON lines (default: the bundled agent slice)")
+    p.add_argument("--num-requests", type=int, help="replay only the first N requests")
     p.add_argument("--slowdown", type=float, default=0.05,
-                   help="--mooncake-slowdown-factor for bench_serving (default 0.05)")
+                   help="scale the trace's timestamps by this (default 0.05)")
+    p.add_argument("--passes", type=int, default=2,
+                   help="replays of the slice; device and host caches are flushed between them")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--keep-server", action="store_true", help="leave the server running")
+    p.add_argument("--max-total-tokens", type=int, default=16384,
+                   help="device KV tokens of the CPU server (default 16384)")
+    p.add_argument("--hicache-ratio", type=float, default=1.25,
+                   help="host pool / device pool of the CPU server (default 1.25)")
+    p.add_argument("--compare", action="store_true",
+                   help="the same replay on none, file, mooncake and flatcake, one table")
+    p.add_argument("--backends", help="comma list for --compare (default none,file,mooncake,flatcake)")
+    p.add_argument("--json", help="write the rows (one per backend) as JSON here")
+    p.add_argument("--plot", help="write a PNG of the rows here")
+    p.add_argument("--keep-server", action="store_true", help="leave the server running (not with --compare)")
     p.add_argument("server_args", nargs="*", help="extra sglang.launch_server flags (after --)")
 
 
-def _metrics(server) -> dict:
-    out = {}
+def prometheus(server, prefix: str) -> dict[str, float]:
+    """Sum of each metric starting with ``prefix`` in the server's /metrics (labels dropped)."""
+    out: dict[str, float] = {}
     try:
-        for line in server.get("/metrics").splitlines():
-            if line.startswith("flatcake_"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-    except Exception as e:  # metrics are a bonus here
-        out["error"] = str(e)
+        text = server.get("/metrics")
+    except (urllib.error.URLError, OSError):
+        return out
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            name, value = line.rsplit(" ", 1)
+            name = name.split("{", 1)[0]
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 
-def run(args) -> int:
-    from .sglang.server import ServerProcess, cpu_server_args
-    from .sglang.trace_slice import SLICE
+def backup_tokens(server, settle_s: float = 3.0, timeout: float = 120.0) -> int:
+    """Tokens the server has backed up to storage (``sglang:backuped_tokens_total``), read once
+    the count has stopped moving for ``settle_s`` (backups finish after the answers)."""
+    name = "sglang:backuped_tokens_total"
+    last, since, deadline = None, time.time(), time.time() + timeout
+    while time.time() < deadline:
+        v = prometheus(server, name).get(name, 0.0)
+        if v != last:
+            last, since = v, time.time()
+        elif time.time() - since >= settle_s:
+            break
+        time.sleep(0.5)
+    return int(last or 0)
 
-    work = Path(tempfile.mkdtemp(prefix="flatcake-demo-"))
-    store = Path(args.store_dir) if args.store_dir else work / "store"
-    trace = Path(args.trace) if args.trace else SLICE
+
+def flush(server, timeout: float = 120) -> None:
+    """POST /flush_cache until SGLang accepts it (it refuses while work is in flight)."""
+    deadline = time.time() + timeout
+    while True:
+        req = urllib.request.Request(server.url + "/flush_cache", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=120):
+                return
+        except urllib.error.HTTPError as e:
+            if e.code != 400 or time.time() > deadline:
+                raise DemoFailure(f"/flush_cache refused for {timeout}s: HTTP {e.code}") from None
+        time.sleep(1)
+
+
+def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=None) -> list[str]:
+    from .sglang.peers import backend_extra_config, extra_config_flag
+    from .sglang.server import cpu_server_args
+    cfg = backend_extra_config(backend, str(store), mooncake_port)
     if args.model_path:
-        model = args.model_path
-        server_args = ["--model-path", model, "--enable-hierarchical-cache", "--enable-cache-report",
-                       "--page-size", str(args.page_size), "--hicache-storage-backend", "flatcake",
-                       "--hicache-storage-prefetch-policy", "wait_complete",
-                       "--flatcake-store-dir", str(store), "--enable-metrics"]
+        out = ["--model-path", model, "--enable-cache-report", "--page-size", str(args.page_size)]
+        if backend != "none":
+            out += ["--enable-hierarchical-cache", "--hicache-storage-backend", backend,
+                    "--hicache-storage-prefetch-policy", "wait_complete"]
+            out += (["--flatcake-store-dir", str(store)] if backend == "flatcake"
+                    else extra_config_flag(cfg))
     else:
-        from .sglang.tiny_model import build_tiny_llama
-        print("[demo] building a tiny random Llama (no download) ...", file=sys.stderr)
-        model = str(build_tiny_llama(work / "tiny-llama"))
-        server_args = cpu_server_args(model, str(store), args.page_size, max_total_tokens=4096,
-                                      hicache_ratio=1.5, extra=["--enable-metrics"])
-    server_args += list(args.server_args)
-    log = work / "server.log"
-    print(f"[demo] starting sglang.launch_server with flatcake (log: {log}) ...", file=sys.stderr)
-    t0 = time.time()
-    server = ServerProcess(server_args, log_path=str(log)).start()
+        out = cpu_server_args(model, str(store), args.page_size, backend=backend,
+                              max_total_tokens=args.max_total_tokens,
+                              hicache_ratio=args.hicache_ratio, extra_config=cfg)
+    return out + ["--enable-metrics"] + list(args.server_args)
+
+
+def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
+    """Start one server for ``backend``, replay ``--passes`` times, stop it; one row."""
+    from .sglang.peers import MooncakeMaster
+    from .sglang.replay_client import replay, summarize
+    from .sglang.server import ServerProcess
+
+    store = Path(args.store_dir) / backend if args.store_dir and args.compare else \
+        Path(args.store_dir) if args.store_dir else work / f"store-{backend}"
+    master = None
+    if backend == "mooncake":
+        try:
+            master = MooncakeMaster(work / "mooncake-master.log").start()
+        except (RuntimeError, TimeoutError, OSError) as e:
+            raise DemoFailure(f"mooncake_master did not start: {e}") from None
+    log = work / f"server-{backend}.log"
+    server = ServerProcess(server_args_for(args, backend, model, store,
+                                           master.port if master else None), log_path=str(log))
+    print(f"[demo] {backend}: starting sglang.launch_server (log: {log}) ...", file=sys.stderr)
     try:
-        print(f"[demo] server ready in {time.time() - t0:.0f}s at {server.url}; replaying "
-              f"{sum(1 for _ in open(trace))} requests of {trace.name} through bench_serving ...",
-              file=sys.stderr)
-        out = work / "bench.jsonl"
-        r = subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
-                            "--host", "127.0.0.1", "--port", str(server.port),
-                            "--dataset-name", "mooncake", "--dataset-path", str(trace),
-                            "--tokenizer", model, "--model", model,
-                            "--mooncake-slowdown-factor", str(args.slowdown), "--cache-report",
-                            "--output-file", str(out)], text=True, capture_output=True)
-        if r.returncode != 0:
-            print(r.stdout[-4000:] + r.stderr[-4000:], file=sys.stderr)
-            return r.returncode
-        report = r.stdout[r.stdout.find("----------------Cache Hit Details"):] or r.stdout[-2500:]
-        print(report.rstrip())
-        res = json.loads(out.read_text().strip().splitlines()[-1])
-        m = _metrics(server)
-        placements = {k[len("flatcake_placement_"):]: int(v) for k, v in m.items()
-                      if k.startswith("flatcake_placement_")}
-        print(f"completed requests: {res.get('completed')}   mean TTFT: "
-              f"{res.get('mean_ttft_ms', 0):.0f} ms   P99 TTFT: {res.get('p99_ttft_ms', 0):.0f} ms")
-        print(f"flatcake placements: {placements}")
-        print(f"flatcake blocks: memory {int(m.get('flatcake_blocks_memory', 0))}, "
-              f"SSD {int(m.get('flatcake_blocks_ssd', 0))}; read commands "
-              f"{int(m.get('flatcake_read_commands', 0))}")
-        print(f"restores into device KV slots: {int(m.get('flatcake_direct_flows', 0))}, "
-              f"{m.get('flatcake_direct_bytes_from_ssd', 0) / 2**20:.1f} MiB from SSD, "
-              f"{m.get('flatcake_direct_bytes_from_memory', 0) / 2**20:.1f} MiB from the arena; "
-              f"reads through SGLang's host pool: {int(m.get('flatcake_host_pool_gets', 0))}")
-        print(f"store: {store}  (look inside: flatcake inspect {next(store.rglob('flatcake.json')).parent})")
-        print(f"server log: {log}; bench output: {out}")
+        t0 = time.time()
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError):
+            raise DemoFailure(f"the {backend} server did not start: {server.failure_line()} "
+                              f"(log: {log})") from None
+        print(f"[demo] {backend}: ready in {time.time() - t0:.0f}s; replaying {len(requests)} "
+              f"requests x {args.passes} passes ...", file=sys.stderr)
+        outcomes, passes, wall = [], [], 0.0
+        for i in range(args.passes):
+            if i:
+                flush(server)
+            res = replay(server.url, requests)
+            bad = res.first_failure()
+            if bad:
+                raise DemoFailure(f"{backend}: {len(res.failures)} of {len(requests)} requests "
+                                  f"of pass {i + 1} failed; first: {bad}")
+            outcomes += res.outcomes
+            passes.append(res.summary)
+            wall += res.wall_s
+        row = {"backend": backend, "passes": args.passes, **summarize(outcomes, wall)}
+        row["backup_tokens"] = backup_tokens(server) if backend != "none" else 0
+        row["per_pass"] = passes
+        if backend == "flatcake":
+            row["flatcake"] = prometheus(server, "flatcake_")
+            row["store"] = str(store)
+        row["server_log"] = str(log)
         if args.keep_server:
-            print(f"server left running at {server.url} (pid {server.proc.pid})")
+            print(f"[demo] server left running at {server.url} (pid {server.proc.pid})")
             server = None
+        return row
     finally:
         if server is not None:
             server.stop()
+        if master is not None:
+            master.stop()
+
+
+def run(args) -> int:
+    try:
+        return _run(args)
+    except DemoFailure as e:
+        print(f"flatcake demo: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    from .sglang.peers import BACKENDS, mooncake_missing
+    from .sglang.replay_client import load_trace
+    from .sglang.trace_slice import SLICE
+
+    work = Path(tempfile.mkdtemp(prefix="flatcake-demo-"))
+    trace = Path(args.trace) if args.trace else SLICE
+    requests = load_trace(trace, args.slowdown, limit=args.num_requests)
+    need = max(len(r.input_ids) + r.output_len for r in requests)
+    if args.model_path:
+        model = args.model_path
+    else:
+        if need + 6 > args.max_total_tokens:       # SGLang keeps 5 tokens of the pool back
+            raise DemoFailure(f"the longest request of {trace.name} needs {need} tokens but "
+                              f"--max-total-tokens is {args.max_total_tokens}; raise it")
+        from .sglang.tiny_model import build_tiny_llama
+        ctx = max(16384, 1 << (need + 6 - 1).bit_length())
+        print(f"[demo] building a tiny random Llama (no download, context {ctx}) ...",
+              file=sys.stderr)
+        model = str(build_tiny_llama(work / "tiny-llama", max_positions=ctx))
+    backends = ["flatcake"]
+    if args.compare and args.keep_server:
+        raise DemoFailure("--keep-server keeps the one flatcake server; it cannot go with --compare")
+    if args.compare:
+        backends = (args.backends or ",".join(BACKENDS)).split(",")
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            raise DemoFailure(f"--backends {','.join(unknown)}: not one of {','.join(BACKENDS)}")
+    rows = []
+    for backend in backends:
+        if backend == "mooncake":
+            why = mooncake_missing()
+            if why:
+                print(f"[demo] skipping mooncake: {why}", file=sys.stderr)
+                continue
+        rows.append(run_backend(args, backend, model, requests, work))
+    print_table(rows)
+    if not args.compare:
+        print_flatcake_counters(rows[0])
+    doc = {"trace": str(trace), "model": model, "requests": len(requests), "passes": args.passes,
+           "max_total_tokens": args.max_total_tokens, "hicache_ratio": args.hicache_ratio,
+           "rows": rows}
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+        print(f"rows written to {args.json}")
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"plot written to {args.plot}")
+    print(f"work folder (logs, stores): {work}")
     return 0

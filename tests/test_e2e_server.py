@@ -192,25 +192,95 @@ def test_failure_injector_keeps_answers_correct(model, tmp_path, reference):
     assert "HiCache storage test injector enabled" in log and "failure_prob=0.3" in log
 
 
-def test_bench_serving_mooncake_slice_reports_storage_hits(model, tmp_path):
+def flatcake_demo(*args, timeout=1800):
+    return subprocess.run([sys.executable, "-m", "sglang_flatcake", "demo", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_serves_every_request_of_the_slice(tmp_path):
+    """The README's command: every request of the bundled slice is served, counted from answers."""
     from sglang_flatcake.sglang.trace_slice import SLICE
-    out = tmp_path / "bench.jsonl"
-    args = cpu_server_args(model, str(tmp_path / "store"), PAGE, max_total_tokens=4096,
-                           hicache_ratio=1.5)   # memory smaller than the working set
-    with ServerProcess(args, log_path=str(tmp_path / "s.log")) as s:
-        r = subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
-                            "--host", "127.0.0.1", "--port", str(s.port),
-                            "--dataset-name", "mooncake", "--dataset-path", str(SLICE),
-                            "--tokenizer", model, "--model", model,
-                            "--mooncake-slowdown-factor", "0.05", "--cache-report",
-                            "--output-file", str(out)],
-                           capture_output=True, text=True, timeout=1200)
+    rows = [json.loads(x) for x in open(SLICE)]
+    out = tmp_path / "demo.json"
+    r = flatcake_demo("--passes", "1", "--json", str(out), "--store-dir", str(tmp_path / "store"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads(out.read_text().strip().splitlines()[-1])
-    assert res["completed"] == sum(1 for _ in open(SLICE))
-    cache = res["cache_report"]
-    assert cache["storage_backend"] == "FlatCakeStorage"
-    assert (cache["storage_cached_tokens"] or 0) > 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["requests_sent"] == row["requests_served"] == len(rows)
+    assert row["output_tokens"] == sum(x["output_length"] for x in rows)
+    assert row["storage_tokens"] > 0 and row["backup_tokens"] > 0
+    assert "flatcake placements" in r.stdout
+
+
+def test_demo_prints_the_servers_one_line_error(tmp_path):
+    bad = flatcake_demo("--num-requests", "1", "--passes", "1",
+                        "--flatcake-high-watermark", "1.7", timeout=600)
+    assert bad.returncode == 1, bad.stderr[-2000:]
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith("flatcake demo: error: the flatcake server did not start: error: "
+                           "--flatcake-high-watermark=1.7"), bad.stderr[-2000:]
+    assert "Traceback" not in bad.stderr
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    t0 = time.time()
+    ro = flatcake_demo("--num-requests", "1", "--store-dir", str(blocker / "store"), timeout=600)
+    assert ro.returncode == 1 and "Traceback" not in ro.stderr, ro.stderr[-2000:]
+    assert f"--flatcake-store-dir='{blocker / 'store'}' cannot be written" in \
+        ro.stderr.strip().splitlines()[-1]
+    assert time.time() - t0 < 300                     # stopped at launch, not a health timeout
+
+
+def backuped_tokens(server) -> int:
+    from sglang_flatcake.demo import backup_tokens
+    return backup_tokens(server)
+
+
+def test_restored_pages_are_not_backed_up_again(model, tmp_path):
+    """A history restored from flatcake into device slots costs no second put to storage."""
+    a, b, c = prompt_ids(1024, 21), prompt_ids(512, 22), prompt_ids(256, 23)
+    store = tmp_path / "store"
+    with ServerProcess(cpu_server_args(model, str(store), PAGE, extra=["--enable-metrics"]),
+                       log_path=str(tmp_path / "s.log")) as s:
+        out1 = generate(s, a)["output_ids"]
+        b1 = backuped_tokens(s)
+        assert b1 >= len(a)
+        flush(s)
+        second = generate(s, a + out1 + b)
+        b2 = backuped_tokens(s)
+        flush(s)
+        third = generate(s, a + out1 + b + second["output_ids"] + c)
+        b3 = backuped_tokens(s)
+    got2 = int(second["meta_info"]["cached_tokens_details"]["storage"])
+    got3 = int(third["meta_info"]["cached_tokens_details"]["storage"])
+    assert got2 >= len(a) - PAGE and got3 >= len(a) + len(b) - PAGE, (got2, got3)
+    # only the new turn is written: before the fix each turn re-wrote the restored history
+    assert b2 - b1 <= len(b) + 2 * PAGE, (b1, b2)
+    assert b3 - b2 <= len(c) + 2 * PAGE, (b2, b3)
+
+
+def test_demo_compare_rows_per_backend_at_small_scale(tmp_path):
+    """``flatcake demo --compare`` on none, file, mooncake (when installed) and flatcake."""
+    from sglang_flatcake.sglang.peers import mooncake_missing
+    out, png = tmp_path / "c.json", tmp_path / "c.png"
+    r = flatcake_demo("--compare", "--num-requests", "4", "--passes", "2", "--json", str(out),
+                      "--plot", str(png), timeout=2400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = {x["backend"]: x for x in json.loads(out.read_text())["rows"]}
+    missing = mooncake_missing()
+    want = ["none", "file", "flatcake"] if missing else ["none", "file", "mooncake", "flatcake"]
+    assert list(rows) == want
+    if missing:
+        assert f"skipping mooncake: {missing}" in r.stderr
+    for x in rows.values():
+        assert x["requests_served"] == x["requests_sent"] == 8, x
+        assert x["output_tokens"] == rows["none"]["output_tokens"] > 0
+        assert x["ttft_s_mean"] > 0 and x["ttft_s_p99"] >= x["ttft_s_mean"]
+    assert rows["none"]["storage_tokens"] == 0 and rows["flatcake"]["storage_tokens"] > 0
+    if not missing:
+        fc, mc = rows["flatcake"], rows["mooncake"]
+        assert mc["storage_tokens"] > 0
+        assert fc["storage_tokens"] >= mc["storage_tokens"], (fc, mc)
+        assert fc["backup_tokens"] <= 1.05 * mc["backup_tokens"], (fc, mc)
+    assert png.stat().st_size > 10_000
 
 
 def test_serving_sweep_runs_at_tiny_scale(tmp_path):
@@ -225,7 +295,8 @@ def test_serving_sweep_runs_at_tiny_scale(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [x["backend"] for x in rows] == ["flatcake", "file", "none"]
-    assert all(x["completed"] == 12 for x in rows)
+    assert all(x["requests_served"] == x["requests_sent"] == 12 for x in rows)
+    assert len({x["output_tokens"] for x in rows}) == 1
     assert png.stat().st_size > 10_000
 
 

@@ -109,16 +109,27 @@ def test_bad_extra_config_value_names_the_flag(tmp_path):
         FlatCakeStorage(storage_config(tmp_path, high_watermark=3), host_pool())
 
 
-def test_merged_extra_config():
+def test_merged_extra_config(tmp_path):
     out = json.loads(merged_extra_config("flatcake", '{"prefetch_threshold": 64}',
-                                         {"memory_bytes": "2GiB"}))
-    assert out == {"prefetch_threshold": 64, "memory_bytes": "2GiB",
+                                         {"memory_bytes": "2GiB", "store_dir": str(tmp_path)}))
+    assert out == {"prefetch_threshold": 64, "memory_bytes": "2GiB", "store_dir": str(tmp_path),
                    "hicache_storage_pass_prefix_keys": True}
     with pytest.raises(ConfigError, match="--flatcake-io-engine"):
         merged_extra_config("flatcake", None, {"io_engine": "spdk"})
     with pytest.raises(ConfigError, match="not flatcake"):
         merged_extra_config("file", None, {"memory_bytes": "1GiB"})
     assert merged_extra_config("file", '{"a": 1}', {}) == '{"a": 1}'
+
+
+def test_unwritable_store_dir_stops_the_launch_naming_the_path(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    bad = blocker / "store"
+    with pytest.raises(ConfigError, match=f"--flatcake-store-dir='{bad}' cannot be written"):
+        merged_extra_config("flatcake", None, {"store_dir": str(bad)})
+    with pytest.raises(ConfigError, match=f"--flatcake-store-dir='{bad}' cannot be written"):
+        FlatCakeStorage(storage_config(bad), host_pool())
+    assert blocker.read_text() == "not a folder"
 
 
 def test_each_rank_gets_its_own_ssd_region(tmp_path):
@@ -141,3 +152,24 @@ def test_each_rank_gets_its_own_ssd_region(tmp_path):
         s.batch_set_v1(keys, token_indices([0, 1, 2]))
         assert s.batch_exists(keys) == 3
         s.close()
+
+
+def test_write_once_skips_only_nodes_whose_pages_are_all_stored(tmp_path):
+    from sglang_flatcake.sglang.write_once import COUNTERS, skip_storage_backup
+    be = FlatCakeStorage(storage_config(tmp_path), host_pool())
+    keys = chain(4, "w")
+    be.batch_set_v1(keys[:3], token_indices([0, 1, 2]), hs.HiCacheStorageExtraInfo(prefix_keys=[]))
+    nodes = {1: keys[:3], 2: keys[1:3], 3: keys[2:4], 4: None}   # node 3 has an unstored page
+
+    class Core:
+        def build_storage_backup_spec(self, node_id, pass_prefix_keys):
+            hv = nodes[node_id]
+            return None if hv is None else SimpleNamespace(hash_value=hv)
+
+    cache = SimpleNamespace(tree_core=Core(), page_size=PS, tp_world_size=1, pp_size=1)
+    before = dict(COUNTERS)
+    assert [skip_storage_backup(cache, n, be.store) for n in (1, 2, 3, 4)] == \
+        [True, True, False, False]
+    assert COUNTERS["storage_backups_skipped"] - before["storage_backups_skipped"] == 2
+    assert COUNTERS["tokens_not_rewritten"] - before["tokens_not_rewritten"] == 5 * PS
+    be.close()

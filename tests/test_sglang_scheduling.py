@@ -31,6 +31,9 @@ class FakeRestorer:
         self.published: list[str] = []
         self.free_slots = True
         self.counters: dict = {}
+        self.slots_free = 10**6                  # what the device pool has free
+        self.allocator = SimpleNamespace(available_size=lambda: self.slots_free)
+        self.tree = SimpleNamespace(evictable_size=lambda: 0)
 
     def lookup(self, req):
         if req.rid not in self.spans:
@@ -69,10 +72,15 @@ def make(monkeypatch):
     return build
 
 
+def request(rid, max_new_tokens=4, generated=0):
+    return SimpleNamespace(rid=rid, sampling_params=SimpleNamespace(max_new_tokens=max_new_tokens),
+                           output_ids=[0] * generated)
+
+
 def arrive(st, sched, rid, ssd_bytes=None):
     if ssd_bytes is not None:
         st.restorer.spans[rid] = ssd_bytes
-    req = SimpleNamespace(rid=rid)
+    req = request(rid)
     st.arrive(req)
     sched.waiting_queue.append(req)
 
@@ -141,6 +149,21 @@ def test_no_free_device_slots_waits_then_starts(make):
     st.pump()
     assert st.restorer.started == [] and st.to_start == ["a"] and not st.gate("a")
     st.restorer.free_slots = True
+    st.pump()
+    assert st.restorer.started == ["a"]
+
+
+def test_a_restore_waits_until_running_decodes_keep_their_room(make):
+    """Slots a restore pins must not be the ones a running decode needs next."""
+    st, sched, _ = make()
+    sched.running_batch = SimpleNamespace(reqs=[request("decoding", 80, generated=16)])
+    st.restorer.slots_free = 100                    # 64 for the flow leaves 36: the running
+    arrive(st, sched, "a", GB // 4)                 # request needs 64 + a page, "a" 4 + a page
+    st.pump()
+    st.pump()
+    assert st.restorer.started == [] and not st.gate("a")
+    assert st.restorer.counters["waits_for_decode_room"] == 2
+    sched.running_batch.reqs = []                   # the decode finished
     st.pump()
     assert st.restorer.started == ["a"]
 

@@ -21,7 +21,8 @@ from typing import Any, List, Optional
 
 
 from ..config import FlatCakeConfig, default_store_dir
-from ..errors import ConfigError
+from ..errors import ConfigError, UnsafeStoreError
+from ..private_fs import private_dir
 from ..placement import WriteSignals
 from ..store import FlatCakeStore
 from ..store_checks import label_for
@@ -74,6 +75,27 @@ def config_from_extra(extra: dict | None) -> tuple[FlatCakeConfig, dict]:
     return FlatCakeConfig.from_mapping(ours, prefix="--flatcake-"), rest
 
 
+def store_root(cfg: FlatCakeConfig, rest: dict) -> str:
+    """The folder every rank's store lives under (``--flatcake-store-dir`` or SGLang's file path)."""
+    return (cfg.store_dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
+            or rest.get("file_storage_path") or default_store_dir())
+
+
+def check_writable(root: str) -> None:
+    """Create ``root`` (private, ``private_fs.private_dir``) and write a file in it;
+    ``ConfigError`` naming the path if that fails or the directory is unsafe."""
+    import tempfile
+    try:
+        safe = private_dir(root)
+        with tempfile.NamedTemporaryFile(dir=safe, prefix=".flatcake-write-check-"):
+            pass
+    except UnsafeStoreError as e:
+        raise ConfigError(f"--flatcake-store-dir={root!r} is not safe to use: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"--flatcake-store-dir={root!r} cannot be written: "
+                          f"{e.strerror or e}") from None
+
+
 def rank_dir(root: str, cfg: Any) -> Path:
     """The folder one rank owns: ``root/<model>/tp<rank>of<size>[_pp..][_dp..][_cp..]``."""
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(getattr(cfg, "model_name", None) or "model"))[-80:]
@@ -116,8 +138,8 @@ class FlatCakeStorage(HiCacheStorage):
             raise ConfigError(
                 "flatcake: MLA models with --tp-size > 1 are not supported yet (only one rank "
                 "writes MLA pages, and each rank owns its own store); use --tp-size 1")
-        root = (self.config.store_dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
-                or rest.get("file_storage_path") or default_store_dir())
+        root = store_root(self.config, rest)
+        check_writable(root)
         self.dir = rank_dir(root, storage_config)
         if self.config.ssd_path:
             import dataclasses
@@ -230,6 +252,8 @@ class FlatCakeStorage(HiCacheStorage):
         st["host_pool_gets"] = self.host_pool_gets
         st["host_pool_bytes_for_ssd_hits"] = self.host_pool_bytes_for_ssd_hits
         st["direct"] = dict(self.direct_counters)
+        from .write_once import COUNTERS as write_once
+        st["write_once"] = dict(write_once)
         signal_board.BOARD.publish(st)
         global _METRICS
         if _METRICS is None:

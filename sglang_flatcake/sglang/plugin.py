@@ -9,7 +9,8 @@ Hooks (no source edit needed):
   choices and the ``--flatcake-*`` flags (shown with their defaults in ``--help``).
 - ``ServerArgs.from_cli_args`` (AROUND): validates the ``--flatcake-*`` flags together with
   any flatcake keys of ``--hicache-storage-backend-extra-config`` (a bad value stops the
-  launch with a message naming the flag), merges them into the extra config, and asks
+  launch with a message naming the flag; so does a store directory that cannot be
+  written), merges them into the extra config, and asks
   SGLang for the prefix keys (``hicache_storage_pass_prefix_keys``) that session lineage needs.
 - ``StorageBackendFactory._create_builtin_backend`` (AROUND): builds ``FlatCakeStorage``
   with the host pool; the backend itself is registered with ``register_backend``.
@@ -86,9 +87,10 @@ def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict
                          prefetch_timeout_per_ki_token=parsed[3])
         else:
             extra = json.loads(extra_json)
-    from .backend import config_from_extra
+    from .backend import check_writable, config_from_extra, store_root
     merged = {**extra, **flags}
-    config_from_extra(merged)                   # raises ConfigError naming the flag
+    cfg, rest = config_from_extra(merged)       # raises ConfigError naming the flag
+    check_writable(store_root(cfg, rest))       # stop the launch now, not in the cache factory
     merged["hicache_storage_pass_prefix_keys"] = True
     return json.dumps(merged)
 

@@ -125,7 +125,7 @@ class FlatCakeScheduling:
             flow = self.flows.get(rid)
             if flow is None or flow.state != "waiting":
                 continue
-            ok = self.restorer.allocate(flow)
+            ok = self.decode_headroom(flow) and self.restorer.allocate(flow)
             if self.agree([1.0 if ok else 0.0], "min")[0] < 1:
                 if ok:
                     self.restorer.allocator.free(flow.slots)
@@ -135,6 +135,31 @@ class FlatCakeScheduling:
                 continue
             self.restorer.submit(flow)
         self.to_start = still
+
+    def decode_headroom(self, flow: Flow) -> bool:
+        """May ``flow`` pin its device slots (and lock its device prefix) now?  Only when free
+        plus evictable slots still cover, afterwards, the output tokens still to come of every running request and of every
+        request whose restore holds slots (this one included): slots pinned by restores while a
+        decode needed them made SGLang abort that decode for lack of memory.  The inputs are
+        the same on every rank."""
+        sched = self.scheduler
+        reqs = list(getattr(getattr(sched, "running_batch", None), "reqs", None) or [])
+        reqs += list(getattr(getattr(sched, "last_batch", None), "reqs", None) or [])
+        pinned = {rid for rid, f in self.flows.items() if f.state == "running"} | {flow.rid}
+        reqs += [r for r in sched.waiting_queue if r.rid in pinned]
+        uniq = {id(r): r for r in reqs}.values()
+        reserve = sum(max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
+                      + self.restorer.page for r in uniq)
+        evictable = self.restorer.tree.evictable_size
+        evictable = evictable() if callable(evictable) else evictable
+        # the restore takes flow.tokens free slots and locks the flow.start-token device prefix
+        # it extends, which leaves the evictable budget (counted whole: it may be locked already)
+        pinned_now = flow.tokens + flow.start
+        ok = self.restorer.allocator.available_size() + int(evictable) - pinned_now >= reserve
+        if not ok:
+            c = self.restorer.counters
+            c["waits_for_decode_room"] = c.get("waits_for_decode_room", 0) + 1
+        return ok
 
     def _publish_finished(self) -> None:
         running = [self.flows[rid] for _, rid in self.pending if self.flows[rid].state == "running"]

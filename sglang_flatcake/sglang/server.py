@@ -28,8 +28,12 @@ def free_port() -> int:
 
 def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: str = "flatcake",
                     max_total_tokens: int = 8192, hicache_ratio: float = 2.0,
-                    extra: list[str] | None = None) -> list[str]:
-    """Arguments for a CPU HiCache server with ``backend`` as the storage tier."""
+                    extra: list[str] | None = None,
+                    extra_config: dict | None = None) -> list[str]:
+    """Arguments for a CPU HiCache server with ``backend`` as the storage tier.
+
+    ``extra_config`` is the backend's ``--hicache-storage-backend-extra-config``
+    (``mooncake`` needs one: ``peers.backend_extra_config``)."""
     args = ["--model-path", model, "--device", "cpu", "--model-impl", "transformers",
             "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size),
             "--enable-cache-report", "--disable-cuda-graph", "--dtype", "float32",
@@ -40,9 +44,10 @@ def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: st
                  "--hicache-storage-prefetch-policy", "wait_complete"]
         if backend == "flatcake":
             args += ["--flatcake-store-dir", store_dir]
-        elif backend == "file":
-            args += ["--hicache-storage-backend-extra-config",
-                     json.dumps({"file_storage_path": store_dir})]
+        elif backend == "file" and extra_config is None:
+            extra_config = {"file_storage_path": store_dir}
+        if extra_config is not None:
+            args += ["--hicache-storage-backend-extra-config", json.dumps(extra_config)]
     return args + list(extra or [])
 
 
@@ -64,8 +69,8 @@ class ServerProcess:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} while starting; "
-                                   f"log: {self.log_path} {self.tail()}")
+                raise RuntimeError(f"server exited with {self.proc.returncode} while starting: "
+                                   f"{self.failure_line()} (log: {self.log_path})")
             try:
                 with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as r:
                     if r.status == 200:
@@ -74,12 +79,26 @@ class ServerProcess:
                 pass
             time.sleep(1)
         self.stop()
-        raise TimeoutError(f"server not healthy after {timeout}s; log: {self.log_path} {self.tail()}")
+        raise TimeoutError(f"server not healthy after {timeout}s: {self.failure_line()} "
+                           f"(log: {self.log_path})")
 
     def tail(self, n: int = 4000) -> str:
         if not self.log_path or not Path(self.log_path).exists():
             return ""
         return Path(self.log_path).read_bytes()[-n:].decode(errors="replace")
+
+    def failure_line(self) -> str:
+        """The server's own one-line reason for stopping: its last ``error:`` line, else the
+        last exception line of its log, else the last line."""
+        lines = [x.strip() for x in self.tail(20000).splitlines() if x.strip()]
+        for x in reversed(lines):
+            if x.startswith("error:") or x.startswith("flatcake: error:"):
+                return x
+        for x in reversed(lines):
+            head = x.split(":", 1)[0]
+            if head.endswith(("Error", "Exception")) and " " not in head:
+                return x
+        return lines[-1] if lines else "no output"
 
     def post(self, path: str, body: dict, timeout: float = 600) -> dict:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),

@@ -114,6 +114,11 @@ def _execute_backup_around(original, cache, action, *a, **kw):
 
 
 def _write_backup_storage_around(original, cache, node_id, *a, **kw):
+    store = _flatcake_store(cache)
+    if store is not None and getattr(cache, "enable_storage", False):
+        from .write_once import skip_storage_backup
+        if skip_storage_backup(cache, node_id, store):
+            return None                       # already stored: no second put (write_once.py)
     try:
         _pending.seen = _node_signals(cache, node_id)
     except Exception as e:  # never let signal gathering break a backup
@@ -123,6 +128,13 @@ def _write_backup_storage_around(original, cache, node_id, *a, **kw):
         return original(cache, node_id, *a, **kw)
     finally:
         _pending.seen = None
+
+
+def _flatcake_store(cache):
+    ctrl = getattr(cache, "cache_controller", None)
+    if getattr(ctrl, "storage_backend_type", None) != "flatcake":
+        return None
+    return getattr(getattr(ctrl, "storage_backend", None), "store", None)
 
 
 def _node_signals(cache, node_id) -> Seen | None:

@@ -1,6 +1,7 @@
 """A tiny random Llama with an offline-trained tokenizer, for CPU servers and tests.
 
-No download: the config is written by hand, the weights are random (seeded),
+No download: the context is 16384 tokens (the bundled agent slice's longest
+request is 12288 + 64), the config is written by hand, the weights are random (seeded),
 and a byte-level BPE tokenizer is trained on a few built-in sentences.
 """
 
@@ -20,7 +21,7 @@ CORPUS = [
 
 
 def build_tiny_llama(path: str | Path, *, layers: int = 2, hidden: int = 64, heads: int = 4,
-                     kv_heads: int = 2, vocab: int = 512, max_positions: int = 8192,
+                     kv_heads: int = 2, vocab: int = 512, max_positions: int = 16384,
                      seed: int = 0) -> Path:
     """Write a tiny Llama (config, safetensors weights, tokenizer) to ``path``; idempotent."""
     import torch

@@ -1,0 +1,108 @@
+"""The storage backends flatcake is compared with, as a CPU server runs them.
+
+``none`` (HiCache off), SGLang's ``file`` (one file per page), SGLang's
+``mooncake`` against a real Mooncake Store (a ``mooncake_master`` started here,
+TCP, 512 MiB segment), and ``flatcake``.  Mooncake is optional (``pip install
+'.[peers]'`` plus Debian's ``libibverbs1 librdmacm1 libnuma1``);
+``mooncake_missing()`` says why it cannot run, and callers skip it with that line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+BACKENDS = ("none", "file", "mooncake", "flatcake")
+
+
+def mooncake_missing() -> str | None:
+    """Why SGLang's mooncake backend cannot run here, or None when it can."""
+    if importlib.util.find_spec("mooncake") is None:
+        return "the mooncake package is not installed (pip install 'sglang-flatcake[peers]')"
+    if shutil.which("mooncake_master") is None:
+        return "mooncake_master is not on PATH (pip install 'sglang-flatcake[peers]')"
+    try:
+        from mooncake.store import MooncakeDistributedStore  # noqa: F401  (loads libibverbs)
+    except (ImportError, OSError) as e:
+        return (f"mooncake cannot load ({e}); on Debian: apt-get install libibverbs1 "
+                f"librdmacm1 libnuma1")
+    return None
+
+
+def mooncake_extra_config(master_port: int, segment_bytes: int = 512 << 20) -> dict:
+    return {"master_server_address": f"127.0.0.1:{master_port}",
+            "metadata_server": "P2PHANDSHAKE", "protocol": "tcp", "device_name": "",
+            "global_segment_size": segment_bytes, "local_hostname": "127.0.0.1"}
+
+
+def backend_extra_config(backend: str, store_dir: str, mooncake_port: int | None = None) -> dict | None:
+    """``--hicache-storage-backend-extra-config`` for ``backend`` (flatcake takes a flag)."""
+    if backend == "file":
+        return {"file_storage_path": store_dir}
+    if backend == "mooncake":
+        if mooncake_port is None:
+            raise ValueError("the mooncake backend needs a running mooncake_master (its port)")
+        return mooncake_extra_config(mooncake_port)
+    return None
+
+
+class MooncakeMaster:
+    """A ``mooncake_master`` on 127.0.0.1 for one server; stopped on exit."""
+
+    def __init__(self, log_path: str | Path, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.log_path = str(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> "MooncakeMaster":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(["mooncake_master", "--rpc_address=127.0.0.1",
+                                      f"--rpc_port={self.port}"], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}; "
+                                   f"log: {self.log_path}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"mooncake_master not listening on {self.port} after {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "MooncakeMaster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def extra_config_flag(cfg: dict | None) -> list[str]:
+    return [] if cfg is None else ["--hicache-storage-backend-extra-config", json.dumps(cfg)]
