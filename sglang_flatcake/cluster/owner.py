@@ -1,0 +1,186 @@
+"""The owner side: serve a stored session's blocks to other nodes.
+
+Protocol (JSON over a ZeroMQ REP socket bound to the operator's address):
+
+- ``{"op": "fetch", "tenant": T, "keys": [...]}`` -> ``{"hits": n, "lease": id, "peer": te,
+  "addr": a, "bytes": b, "checksums": [[...] per block]}``.  The owner reads the leading
+  stored run of ``keys`` that ``T`` published (``FlatCakeStore.get``: merged O_DIRECT reads of
+  the SSD pieces, one command per merged range, straight into a registered staging slot)
+  and holds the slot for the requester until it acks or ``lease_s`` passes.  The slot is
+  contiguous, so the requester pulls it with one transfer.  ``hits == 0`` is a miss (not
+  stored, another tenant's keys, or every slot busy).
+- ``{"op": "ack", "lease": id}`` -> ``{"valid": bool}``: frees the slot; ``valid`` is true
+  only when the lease was still held (the slot was not reused) *and* the store still holds
+  the run (``exists``): a session reclaimed while the transfer ran is a miss, never served.
+
+Not yet: memory-tier blocks are copied into the staging slot by ``get`` rather than read
+straight from the arena (that needs the store's read lease, issue 11, to pin the slots);
+the session is checked at ack rather than pinned against reclaim.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from ..errors import ConfigError
+from .directory import Directory, tenant_tag
+from .transfer import Engine, check_host
+
+log = logging.getLogger("sglang_flatcake")
+
+
+def block_checksums(blocks: np.ndarray) -> list[list[int]]:
+    """xxh3_64 of every (block, layer) of ``(n, layers, block_layer_bytes)``, as the store
+    writes them."""
+    h = xxhash.xxh3_64_intdigest
+    return [[h(blocks[i, j]) for j in range(blocks.shape[1])] for i in range(blocks.shape[0])]
+
+
+@dataclass
+class _Lease:
+    id: int
+    slot: int
+    keys: list[str]
+    expires: float
+
+
+class OwnerService:
+    """Serves ``store``'s blocks through ``engine``.  ``publish`` records what a tenant may
+    fetch (and tells the directory); ``sweep`` drops entries of sessions the store reclaimed.
+
+    Owns the staging region (``slots`` slots of ``slot_blocks`` blocks, registered once) and
+    the REP socket thread; ``close`` stops both (the store stays the caller's)."""
+
+    def __init__(self, store, engine: Engine, directory: Directory | None = None,
+                 host: str = "127.0.0.1", port: int = 0, slots: int = 4,
+                 slot_blocks: int = 256, lease_s: float = 2.0) -> None:
+        import zmq
+        if slots < 1 or slot_blocks < 1:
+            raise ConfigError(f"slots={slots!r}, slot_blocks={slot_blocks!r}: both must be >= 1")
+        if lease_s <= 0:
+            raise ConfigError(f"lease_s={lease_s!r} is not allowed: expected > 0")
+        self.store, self.engine, self.directory = store, engine, directory
+        self.slot_blocks, self.lease_s = slot_blocks, lease_s
+        self.staging = store.alloc_blocks(slots * slot_blocks)    # aligned for O_DIRECT
+        self.staging_addr = engine.register(self.staging)
+        self._slot_bytes = slot_blocks * store.layout.block_bytes
+        self._leases: dict[int, _Lease] = {}                       # slot -> lease
+        self._ids = itertools.count(1)
+        self._free = list(range(slots))
+        self._tenants: dict[str, dict[str, list[str]]] = {}       # tag -> session -> keys
+        self._allowed: dict[str, set[str]] = {}                    # tag -> keys
+        self._lock = threading.Lock()
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.REP)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        host = check_host(host)
+        if port:
+            self._sock.bind(f"tcp://{host}:{port}")
+        else:
+            port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="fc-owner", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ what may be served
+    def publish(self, tenant: str, session: str, keys: list[str]) -> None:
+        """Let ``tenant`` fetch ``keys`` of ``session`` (already stored) and tell the directory."""
+        tag = tenant_tag(tenant)
+        with self._lock:
+            self._tenants.setdefault(tag, {}).setdefault(session, []).extend(keys)
+            self._allowed.setdefault(tag, set()).update(keys)
+        if self.directory is not None:
+            self.directory.publish(tenant, session, keys)
+
+    def sweep(self, tenant: str) -> list[str]:
+        """Drop (here and in the directory) ``tenant``'s sessions whose first key the store
+        no longer holds -- call after a reclaim.  Returns the sessions dropped."""
+        tag = tenant_tag(tenant)
+        gone = []
+        with self._lock:
+            for session, keys in list(self._tenants.get(tag, {}).items()):
+                if keys and self.store.exists(keys[:1]) == 0:
+                    gone.append(session)
+                    del self._tenants[tag][session]
+            self._allowed[tag] = {k for ks in self._tenants.get(tag, {}).values() for k in ks}
+        for session in gone:
+            if self.directory is not None:
+                self.directory.remove_session(tenant, session)
+        return gone
+
+    # ------------------------------------------------------------------ requests
+    def _serve(self) -> None:
+        import zmq
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(50):
+                continue
+            try:
+                req = json.loads(self._sock.recv())
+                op = req.get("op")
+                rep = (self._fetch(req) if op == "fetch" else self._ack(req) if op == "ack"
+                       else {"error": f"unknown op {op!r}"})
+            except (ValueError, KeyError, TypeError) as e:
+                rep = {"error": f"bad request: {e}"}
+            self._sock.send(json.dumps(rep).encode())
+
+    def _expire(self, now: float) -> None:
+        for slot, lease in list(self._leases.items()):
+            if lease.expires <= now:
+                del self._leases[slot]
+                self._free.append(slot)
+
+    def _fetch(self, req: dict) -> dict:
+        keys = [str(k) for k in req["keys"]][: self.slot_blocks]
+        tag = tenant_tag(req["tenant"])
+        with self._lock:
+            allowed = self._allowed.get(tag, set())
+            n = next((i for i, k in enumerate(keys) if k not in allowed), len(keys))
+            self._expire(time.monotonic())
+            if n == 0 or not self._free:
+                return {"hits": 0, "reason": "not published" if n == 0 else "busy"}
+            slot = self._free.pop()
+        view = self.staging[slot * self.slot_blocks: slot * self.slot_blocks + n]
+        got = self.store.get(keys[:n], view)
+        if got.hits == 0:
+            with self._lock:
+                self._free.append(slot)
+            return {"hits": 0, "reason": "not stored"}
+        lease = _Lease(next(self._ids), slot, keys[:got.hits], time.monotonic() + self.lease_s)
+        with self._lock:
+            self._leases[slot] = lease
+        return {"hits": got.hits, "lease": lease.id, "peer": self.engine.session,
+                "addr": self.staging_addr + slot * self._slot_bytes,
+                "bytes": got.hits * self.store.layout.block_bytes,
+                "from_ssd": got.from_ssd, "read_commands": got.read_commands,
+                "checksums": block_checksums(view[:got.hits])}
+
+    def _ack(self, req: dict) -> dict:
+        lid = int(req["lease"])
+        with self._lock:
+            self._expire(time.monotonic())
+            slot = next((s for s, l in self._leases.items() if l.id == lid), None)
+            if slot is None:
+                return {"valid": False, "reason": "lease expired"}
+            lease = self._leases.pop(slot)
+            self._free.append(slot)
+        stored = self.store.exists(lease.keys) == len(lease.keys)
+        return {"valid": stored, "reason": "" if stored else "reclaimed"}
+
+    def close(self) -> None:
+        """Stop serving; a second call does nothing."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()

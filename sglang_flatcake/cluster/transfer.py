@@ -1,0 +1,120 @@
+"""A thin wrapper over Mooncake's Transfer Engine: register buffers, read remote ranges
+within a bound.
+
+One engine per process, initialised with ``P2PHANDSHAKE`` metadata (no metadata server:
+peers name each other ``host:rpc_port``) over ``protocol`` (``tcp`` here, ``rdma`` in
+production) on the operator's bind address.  The engine's own status call blocks until a
+batch ends (and a stopped peer never ends it), so each read runs on a worker thread and the
+caller waits at most ``timeout_s``: a late read is abandoned, and the buffer it targets stays
+*quarantined* (``ReadResult.quarantined``) until the worker returns -- the caller must not
+reuse it before then.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, FlatCakeError
+
+
+class TransferError(FlatCakeError):
+    """The Transfer Engine could not start or register memory (nothing stays registered)."""
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    ok: bool
+    reason: str                       # "" when ok; else "failed" | "timeout" | "too many late"
+    quarantined: threading.Event | None = None   # set once an abandoned read has ended
+
+
+def check_host(host: str) -> str:
+    """``host`` must be an IP address (the operator's bind address); ``ConfigError`` if not."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"host={host!r} is not allowed: expected an IP address to bind "
+                          f"transfers to (e.g. 127.0.0.1 or the node's RDMA/TCP interface)") from None
+    return host
+
+
+class Engine:
+    """One Transfer Engine.  ``session`` is the name peers use to reach it."""
+
+    MAX_LATE = 4                      # abandoned reads in flight before a peer is refused
+
+    def __init__(self, host: str = "127.0.0.1", protocol: str = "tcp",
+                 metadata: str = "P2PHANDSHAKE", device: str = "") -> None:
+        from mooncake.engine import TransferEngine
+        if protocol not in ("tcp", "rdma"):
+            raise ConfigError(f"protocol={protocol!r} is not allowed: tcp or rdma")
+        self.host = check_host(host)
+        self._te = TransferEngine()
+        rc = self._te.initialize(host, metadata, protocol, device)
+        if rc != 0:
+            raise TransferError(f"Transfer Engine initialize({host!r}, {metadata!r}, "
+                                f"{protocol!r}) returned {rc}")
+        self.session = f"{host}:{self._te.get_rpc_port()}"
+        self._registered: list[np.ndarray] = []   # owned here: kept alive while registered
+        self._late = 0
+        self._lock = threading.Lock()
+
+    def register(self, buf: np.ndarray) -> int:
+        """Register ``buf`` (C-contiguous) for transfers; returns its address.  The engine
+        keeps a reference until ``close``."""
+        if not buf.flags.c_contiguous:
+            raise ValueError("register: buffer must be C-contiguous")
+        addr = buf.ctypes.data
+        rc = self._te.register_memory(addr, buf.nbytes)
+        if rc != 0:
+            raise TransferError(f"register_memory({buf.nbytes} bytes) returned {rc}")
+        self._registered.append(buf)
+        return addr
+
+    def read(self, peer: str, local: Sequence[int], remote: Sequence[int],
+             lengths: Sequence[int], timeout_s: float) -> ReadResult:
+        """Read ``lengths[i]`` bytes at ``remote[i]`` on ``peer`` into ``local[i]`` (all
+        registered), as one batch.  Returns within ``timeout_s`` (plus thread start-up)."""
+        with self._lock:
+            if self._late >= self.MAX_LATE:
+                return ReadResult(False, "too many late")
+        if timeout_s <= 0:
+            return ReadResult(False, "timeout")
+        done = threading.Event()
+        out: dict[str, int] = {}
+
+        def work() -> None:
+            try:
+                bid = self._te.batch_transfer_async_read(peer, list(local), list(remote),
+                                                         list(lengths))
+                out["status"] = self._te.get_batch_transfer_status([bid]) if bid > 0 else -1
+            finally:
+                done.set()
+
+        t = threading.Thread(target=work, name="fc-te-read", daemon=True)
+        t.start()
+        if not done.wait(timeout_s):
+            with self._lock:
+                self._late += 1
+            ended = threading.Event()
+
+            def reap() -> None:
+                done.wait()
+                with self._lock:
+                    self._late -= 1
+                ended.set()
+
+            threading.Thread(target=reap, name="fc-te-reap", daemon=True).start()
+            return ReadResult(False, "timeout", ended)
+        return ReadResult(True, "") if out.get("status") == 0 else ReadResult(False, "failed")
+
+    def close(self) -> None:
+        """Unregister every buffer (the engine itself lives until the process ends)."""
+        for buf in self._registered:
+            self._te.unregister_memory(buf.ctypes.data)
+        self._registered.clear()
