@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     a = parse(argv)
     from ..config import FlatCakeConfig
     from ..layout import KVLayout
+    from ..placement import WriteSignals
     from ..store import FlatCakeStore
     from .owner import OwnerService
     from .transfer import Engine
@@ -69,7 +70,9 @@ def main(argv=None) -> int:
     store = FlatCakeStore(a.root, layout, cfg)
     keys = session_keys(a.blocks, a.seed)
     t = time.perf_counter()
-    put = store.put(keys, session_blocks(layout.block_bytes, keys), label="s")
+    # with memory, a later short-chat turn (placed in the arena); else a first turn (SSD)
+    signals = WriteSignals(turn=1 if a.memory_bytes else 0)
+    put = store.put(keys, session_blocks(layout.block_bytes, keys), signals=signals, label="s")
     put_s = time.perf_counter() - t
     directory = None
     if a.redis:

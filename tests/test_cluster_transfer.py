@@ -1,0 +1,227 @@
+"""Two processes: an owner node (a real FlatCakeStore on real files, served through the
+Transfer Engine) and this test as the requester.  Killed, stopped and reclaiming owners
+are misses within the bound, never wrong bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mooncake.engine", reason="Mooncake Transfer Engine not installed "
+                    "(pip install mooncake-transfer-engine-non-cuda)")
+pytest.importorskip("zmq", reason="pyzmq not installed")
+
+from redis_fixture import redis_url  # noqa: E402,F401  (fixture)
+
+from sglang_flatcake.cluster.directory import RedisDirectory  # noqa: E402
+from sglang_flatcake.cluster.owner_main import session_blocks, session_keys  # noqa: E402
+from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
+from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
+from sglang_flatcake.layout import KVLayout  # noqa: E402
+
+LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
+BOUND = 1.0          # the requester's timeout_s
+SLACK = 0.5          # thread start-up and scheduling on a loaded 2-core machine
+
+
+class Owner:
+    def __init__(self, root, blocks=48, extra=()):
+        self.keys = session_keys(blocks, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang_flatcake.cluster.owner_main", "--root", str(root),
+             "--blocks", str(blocks), *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"owner process exited with {self.proc.wait()}")
+        self.info = json.loads(line)
+        self.endpoint = self.info["endpoint"]
+
+    def command(self, cmd: str) -> dict:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        os.kill(self.proc.pid, sig)
+        if sig == signal.SIGKILL:
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine("127.0.0.1")
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def owner(tmp_path):
+    made = []
+
+    def _owner(**kw):
+        o = Owner(tmp_path / f"store{len(made)}", **kw)
+        made.append(o)
+        return o
+
+    yield _owner
+    for o in made:
+        o.stop()
+
+
+def expected(keys):
+    return session_blocks(LAYOUT.block_bytes, keys).reshape(len(keys), LAYOUT.layers, -1)
+
+
+def empty(n):
+    return np.zeros((n, LAYOUT.layers, LAYOUT.block_layer_bytes), np.uint8)
+
+
+def test_ssd_session_restored_from_another_process(engine, owner):
+    o = owner()
+    assert o.info["blocks_ssd"] == 48
+    out = empty(48)
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, out)
+    assert (r.hits, r.reason, r.bytes) == (48, "", 48 * LAYOUT.block_bytes)
+    assert 0 < r.owner_read_commands <= LAYOUT.layers      # merged: one per layer, not per block
+    np.testing.assert_array_equal(out, expected(o.keys))
+
+
+def test_memory_tier_session_and_partial_request(engine, owner):
+    o = owner(extra=("--memory-bytes", str(64 << 20)))
+    assert o.info["blocks_memory"] == 48
+    asked = o.keys[:20] + ["not-stored"] + o.keys[21:]
+    out = empty(len(asked))
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", asked, out)
+    assert r.hits == 20
+    np.testing.assert_array_equal(out[:20], expected(o.keys[:20]))
+    assert not out[20:].any()
+
+
+def test_found_through_the_directory(engine, owner, redis_url):  # noqa: F811
+    o = owner(extra=("--redis", redis_url, "--node", "7", "--tenant", "acme"))
+    d = RedisDirectory(redis_url)
+    try:
+        look = d.lookup("acme", o.keys + ["tail-not-stored"])
+        assert (look.hits, set(look.owners), look.endpoints) == (48, {7}, {7: o.endpoint})
+        out = empty(48)
+        r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(
+            look.endpoints[7], "acme", o.keys[:look.hits], out)
+        assert r.hits == 48
+        np.testing.assert_array_equal(out, expected(o.keys))
+        o.kill()                       # the owner dies: its lease lapses, its entries go
+        gone = threading.Event()
+        while not gone.wait(0.05):
+            if d.lookup("acme", o.keys).hits == 0:
+                gone.set()
+    finally:
+        d.close()
+
+
+def test_tenants_apart_on_the_owner(engine, owner, redis_url):  # noqa: F811
+    o = owner(extra=("--redis", redis_url, "--node", "1", "--tenant", "a"))
+    out = empty(48)
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "b", o.keys, out)
+    assert (r.hits, r.reason) == (0, "not published")
+    assert not out.any()
+    d = RedisDirectory(redis_url)
+    assert d.lookup("b", o.keys).hits == 0 and d.lookup("a", o.keys).hits == 48
+    d.close()
+
+
+def test_owner_killed_before_request_is_a_miss_within_bound(engine, owner):
+    o = owner()
+    o.kill()
+    out = empty(48)
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, out)
+    assert (r.hits, r.reason) == (0, "owner timeout")
+    assert r.seconds <= BOUND + SLACK
+    assert not out.any()
+
+
+def test_owner_killed_mid_session_is_a_miss_within_bound(engine, owner):
+    o = owner()
+    out = empty(48)
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(
+        o.endpoint, "", o.keys, out, on_grant=lambda g: o.kill())
+    assert r.hits == 0 and r.reason in ("transfer failed", "transfer timeout")
+    assert r.seconds <= BOUND + SLACK
+    assert not out.any()
+
+
+def test_stopped_owner_is_a_miss_and_its_buffer_is_set_aside(engine, owner):
+    o = owner()
+    reader = RemoteReader(engine, LAYOUT, timeout_s=BOUND)
+    first = reader.buf
+    out = empty(48)
+    r = reader.fetch(o.endpoint, "", o.keys, out, on_grant=lambda g: o.kill(signal.SIGSTOP))
+    assert (r.hits, r.reason) == (0, "transfer timeout")
+    assert r.seconds <= BOUND + SLACK
+    assert reader.buf is not first                  # a late write can land only in `first`
+    assert not out.any()
+    os.kill(o.proc.pid, signal.SIGCONT)             # the owner is back: served again
+    r = reader.fetch(o.endpoint, "", o.keys, out)
+    assert r.hits == 48
+    np.testing.assert_array_equal(out, expected(o.keys))
+
+
+def test_session_reclaimed_during_transfer_is_never_served(engine, owner, redis_url):  # noqa: F811
+    o = owner(extra=("--redis", redis_url, "--node", "2"))
+    cleared = {}
+    out = empty(48)
+    r = RemoteReader(engine, LAYOUT, timeout_s=5.0).fetch(
+        o.endpoint, "", o.keys, out, on_grant=lambda g: cleared.update(o.command("clear")))
+    assert cleared == {"cleared": 1}
+    assert (r.hits, r.reason) == (0, "reclaimed")
+    assert not out.any()
+    d = RedisDirectory(redis_url)
+    assert d.lookup("", o.keys).hits == 0           # the sweep removed the session's entries
+    d.close()
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, out)
+    assert (r.hits, r.reason) == (0, "not published")
+
+
+def test_lease_expired_before_ack_is_a_miss(engine, owner):
+    o = owner(extra=("--lease-s", "0.2"))
+    out = empty(48)
+    r = RemoteReader(engine, LAYOUT, timeout_s=5.0).fetch(
+        o.endpoint, "", o.keys, out, on_grant=lambda g: threading.Event().wait(0.4))
+    assert (r.hits, r.reason) == (0, "lease expired")
+    assert not out.any()
+
+
+def test_checksum_mismatch_cuts_the_run(engine, owner):
+    o = owner()
+    out = empty(48)
+
+    def spoil(grant):
+        grant["checksums"][30][2] ^= 1             # block 30, layer 2 no longer matches
+
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, out,
+                                                            on_grant=spoil)
+    assert (r.hits, r.reason) == (30, "checksum")
+    np.testing.assert_array_equal(out[:30], expected(o.keys[:30]))
+    assert not out[30:].any()
+
+
+def test_bad_arguments(engine):
+    from sglang_flatcake.errors import ConfigError
+    with pytest.raises(ConfigError, match="timeout_s=0"):
+        RemoteReader(engine, LAYOUT, timeout_s=0)
+    with pytest.raises(ConfigError, match="host='localhost'"):
+        Engine("localhost")
+    with pytest.raises(ConfigError, match="protocol='udp'"):
+        Engine("127.0.0.1", protocol="udp")
