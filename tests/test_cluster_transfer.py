@@ -90,13 +90,18 @@ def empty(n):
     return np.zeros((n, LAYOUT.layers, LAYOUT.block_layer_bytes), np.uint8)
 
 
-def test_ssd_session_restored_from_another_process(engine, owner):
+@pytest.mark.parametrize("chunk", [0, 20])
+def test_ssd_session_restored_from_another_process(engine, owner, chunk):
     o = owner()
     assert o.info["blocks_ssd"] == 48
     out = empty(48)
-    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, out)
+    grants = []
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND, chunk_blocks=chunk).fetch(
+        o.endpoint, "", o.keys, out, on_grant=grants.append)
     assert (r.hits, r.reason, r.bytes) == (48, "", 48 * LAYOUT.block_bytes)
-    assert 0 < r.owner_read_commands <= LAYOUT.layers      # merged: one per layer, not per block
+    assert [g["hits"] for g in grants] == ([48] if chunk == 0 else [20, 20, 8])
+    # merged reads: one command per layer per chunk, never per block
+    assert 0 < r.owner_read_commands <= LAYOUT.layers * len(grants)
     np.testing.assert_array_equal(out, expected(o.keys))
 
 
@@ -178,14 +183,21 @@ def test_stopped_owner_is_a_miss_and_its_buffer_is_set_aside(engine, owner):
     np.testing.assert_array_equal(out, expected(o.keys))
 
 
-def test_session_reclaimed_during_transfer_is_never_served(engine, owner, redis_url):  # noqa: F811
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_session_reclaimed_during_transfer_is_never_served(engine, owner, redis_url,  # noqa: F811
+                                                           chunk):
     o = owner(extra=("--redis", redis_url, "--node", "2"))
     cleared = {}
+
+    def reclaim(grant):
+        if not cleared:           # once, after the first chunk's grant
+            cleared.update(o.command("clear"))
+
     out = empty(48)
-    r = RemoteReader(engine, LAYOUT, timeout_s=5.0).fetch(
-        o.endpoint, "", o.keys, out, on_grant=lambda g: cleared.update(o.command("clear")))
+    r = RemoteReader(engine, LAYOUT, timeout_s=5.0, chunk_blocks=chunk).fetch(
+        o.endpoint, "", o.keys, out, on_grant=reclaim)
     assert cleared == {"cleared": 1}
-    assert (r.hits, r.reason) == (0, "reclaimed")
+    assert r.hits == 0 and r.reason in ("reclaimed", "not stored", "not published")
     assert not out.any()
     d = RedisDirectory(redis_url)
     assert d.lookup("", o.keys).hits == 0           # the sweep removed the session's entries

@@ -9,6 +9,8 @@ Protocol (JSON over a ZeroMQ REP socket bound to the operator's address):
   and holds the slot for the requester until it acks or ``lease_s`` passes.  The slot is
   contiguous, so the requester pulls it with one transfer.  ``hits == 0`` is a miss (not
   stored, another tenant's keys, or every slot busy).
+  Checksums are the store's own for SSD blocks (``get`` has just verified the bytes against
+  them) and hashed from the staged bytes for memory blocks.
 - ``{"op": "ack", "lease": id}`` -> ``{"valid": bool}``: frees the slot; ``valid`` is true
   only when the lease was still held (the slot was not reused) *and* the store still holds
   the run (``exists``): a session reclaimed while the transfer ran is a miss, never served.
@@ -37,11 +39,23 @@ from .transfer import Engine, check_host
 log = logging.getLogger("sglang_flatcake")
 
 
-def block_checksums(blocks: np.ndarray) -> list[list[int]]:
+def block_checksums(blocks: np.ndarray, known: np.ndarray | None = None) -> list[list[int]]:
     """xxh3_64 of every (block, layer) of ``(n, layers, block_layer_bytes)``, as the store
-    writes them."""
+    writes them; a nonzero ``known[i, j]`` (the store's own checksum) is taken as is."""
     h = xxhash.xxh3_64_intdigest
-    return [[h(blocks[i, j]) for j in range(blocks.shape[1])] for i in range(blocks.shape[0])]
+    n, layers = blocks.shape[:2]
+    return [[int(known[i, j]) if known is not None and known[i, j] else h(blocks[i, j])
+             for j in range(layers)] for i in range(n)]
+
+
+def stored_checksums(store, keys: list[str]) -> np.ndarray:
+    """The store's checksums of the SSD pieces of ``keys`` (``plan``: no I/O), 0 where a
+    block is not on SSD (memory tier) -- those are hashed from the staged bytes."""
+    plan = store.plan(keys)
+    known = np.zeros((len(keys), store.layout.layers), np.uint64)
+    keep = plan.piece_dest < len(keys)
+    known[plan.piece_dest[keep], plan.piece_layer[keep]] = plan.piece_checksum[keep]
+    return known
 
 
 @dataclass
@@ -163,7 +177,8 @@ class OwnerService:
                 "addr": self.staging_addr + slot * self._slot_bytes,
                 "bytes": got.hits * self.store.layout.block_bytes,
                 "from_ssd": got.from_ssd, "read_commands": got.read_commands,
-                "checksums": block_checksums(view[:got.hits])}
+                "checksums": block_checksums(view[:got.hits],
+                                             stored_checksums(self.store, keys[:got.hits]))}
 
     def _ack(self, req: dict) -> dict:
         lid = int(req["lease"])

@@ -52,6 +52,7 @@ def parse(argv):
     p.add_argument("--node", type=int, default=0)
     p.add_argument("--lease-s", type=float, default=2.0)
     p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--slot-blocks", type=int, default=0, help="default: --blocks")
     return p.parse_args(argv)
 
 
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
         directory = RedisDirectory(a.redis)
     engine = Engine(a.host)
     svc = OwnerService(store, engine, directory, host=a.host, slots=a.slots,
-                       slot_blocks=a.blocks, lease_s=a.lease_s)
+                       slot_blocks=a.slot_blocks or a.blocks, lease_s=a.lease_s)
     if directory is not None:
         directory.join(a.node, svc.endpoint)
     svc.publish(a.tenant, "s", keys)

@@ -1,9 +1,10 @@
 """The requester side: restore a remote owner's blocks, or miss within a bound.
 
-``fetch`` asks the owner's service for the leading run of ``keys``, pulls the staged bytes
-with one Transfer Engine read into a registered receive buffer, verifies every
-(block, layer) against the owner's xxh3_64 checksums, acks, and only then copies the
-verified leading run into ``out``.  Every step shares one deadline (``timeout_s``): a dead,
+``fetch`` asks the owner's service for the leading run of ``keys`` in chunks of
+``chunk_blocks``, pipelined: while one chunk moves (one Transfer Engine read into a
+registered receive buffer), the owner already reads the next into another staging slot.
+Every (block, layer) is verified against the owner's xxh3_64 checksums; every chunk is
+acked, and only then is the verified leading run copied into ``out``.  Every step shares one deadline (``timeout_s``): a dead,
 slow or partitioned owner is ``RemoteResult(hits=0, reason=...)`` by then, never a hang, and
 ``out`` is untouched unless ``hits > 0``.
 """
@@ -32,6 +33,7 @@ class RemoteResult:
     reason: str = ""           # why fewer than asked: "owner timeout", "transfer timeout",
                                # "checksum", "reclaimed", "lease expired", the owner's reason
     owner_read_commands: int = 0
+    grant_seconds: float = 0.0  # until the owner's grant arrived (its reads and checksums)
 
 
 class RemoteReader:
@@ -40,12 +42,16 @@ class RemoteReader:
     alive, never reused) and a fresh one registered."""
 
     def __init__(self, engine: Engine, layout: KVLayout, max_blocks: int = 256,
-                 timeout_s: float = 1.0) -> None:
+                 timeout_s: float = 1.0, chunk_blocks: int = 0) -> None:
         import zmq
         if timeout_s <= 0:
             raise ConfigError(f"timeout_s={timeout_s!r} is not allowed: expected > 0 seconds")
         if max_blocks < 1:
             raise ConfigError(f"max_blocks={max_blocks!r} is not allowed: expected >= 1")
+        if chunk_blocks < 0:
+            raise ConfigError(f"chunk_blocks={chunk_blocks!r} is not allowed: 0 (one chunk) "
+                              f"or a positive block count")
+        self.chunk_blocks = chunk_blocks or max_blocks
         self.engine, self.layout = engine, layout
         self.max_blocks, self.timeout_s = max_blocks, timeout_s
         self._zmq = zmq
@@ -59,67 +65,105 @@ class RemoteReader:
                             np.uint8)
         self.buf_addr = self.engine.register(self.buf)
 
-    def _call(self, endpoint: str, msg: dict, deadline: float) -> dict | None:
-        """One request/reply within the deadline; ``None`` when the owner did not answer."""
-        zmq = self._zmq
-        s = self._ctx.socket(zmq.REQ)
-        s.setsockopt(zmq.LINGER, 0)
+    def _send(self, endpoint: str, msg: dict):
+        s = self._ctx.socket(self._zmq.REQ)
+        s.setsockopt(self._zmq.LINGER, 0)
+        s.connect(endpoint)
+        s.send(json.dumps(msg).encode())
+        return s
+
+    def _recv(self, s, deadline: float) -> dict | None:
+        """The reply on ``s`` within the deadline (``None`` if none came); closes ``s``."""
         try:
-            s.connect(endpoint)
-            s.send(json.dumps(msg).encode())
             left = deadline - time.monotonic()
-            if left <= 0 or not s.poll(int(left * 1000) + 1, zmq.POLLIN):
+            if left <= 0 or not s.poll(int(left * 1000) + 1, self._zmq.POLLIN):
                 return None
             return json.loads(s.recv())
         finally:
             s.close()
 
+    def _call(self, endpoint: str, msg: dict, deadline: float) -> dict | None:
+        """One request/reply within the deadline; ``None`` when the owner did not answer."""
+        return self._recv(self._send(endpoint, msg), deadline)
+
     def fetch(self, endpoint: str, tenant: str, keys: Sequence[str], out: np.ndarray,
               on_grant: Callable[[dict], None] | None = None) -> RemoteResult:
         """Restore the leading run of ``keys`` (at most ``max_blocks``) held by the owner at
         ``endpoint`` into ``out`` (``(n, layers, block_layer_bytes)`` uint8).  ``on_grant``
-        (tests, tracing) sees the owner's grant before the transfer starts."""
+        (tests, tracing) sees each of the owner's grants before its transfer starts."""
         t0 = time.monotonic()
         deadline = t0 + self.timeout_s
         want = out.reshape(-1, self.layout.layers, self.layout.block_layer_bytes)
-        if want.shape[0] < min(len(keys), self.max_blocks):
+        keys = list(keys[: self.max_blocks])
+        if want.shape[0] < len(keys):
             raise ValueError(f"out holds {want.shape[0]} blocks for {len(keys)} keys")
-
-        def miss(reason: str, moved: int = 0) -> RemoteResult:
-            return RemoteResult(0, moved, time.monotonic() - t0, reason)
-
-        grant = self._call(endpoint, {"op": "fetch", "tenant": tenant,
-                                      "keys": list(keys[: self.max_blocks])}, deadline)
-        if grant is None:
-            return miss("owner timeout")
-        if grant.get("error") or not grant.get("hits"):
-            return miss(grant.get("error") or grant.get("reason", "miss"))
-        n, nbytes = int(grant["hits"]), int(grant["bytes"])
-        if n > min(len(keys), self.max_blocks) or nbytes != n * self.layout.block_bytes:
-            return miss("bad grant")
-        if on_grant is not None:
-            on_grant(grant)
-        r = self.engine.read(grant["peer"], [self.buf_addr], [int(grant["addr"])], [nbytes],
-                             deadline - time.monotonic())
-        if not r.ok:
-            if r.quarantined is not None:
-                self._set_aside.append((self.buf, r.quarantined))
-                self._new_buffer()
-            return miss("transfer " + r.reason)
-        h = xxhash.xxh3_64_intdigest
-        sums = grant["checksums"]
-        good = 0
-        for i in range(n):
-            if any(h(self.buf[i, j]) != int(sums[i][j]) for j in range(self.layout.layers)):
+        chunks = [(i, keys[i:i + self.chunk_blocks]) for i in range(0, len(keys), self.chunk_blocks)]
+        acks, good, moved, reason, t_grant, cmds = [], 0, 0, "", 0.0, 0
+        pending = self._send(endpoint, {"op": "fetch", "tenant": tenant, "keys": chunks[0][1]})
+        for k, (start, ck) in enumerate(chunks):
+            grant = self._recv(pending, deadline)
+            pending = None
+            if grant is None:
+                reason = "owner timeout"
                 break
-            good += 1
-        ack = self._call(endpoint, {"op": "ack", "lease": grant["lease"]}, deadline)
-        if ack is None:
-            return miss("owner timeout", nbytes)
-        if not ack.get("valid"):
-            return miss(ack.get("reason", "invalid"), nbytes)
-        if good == 0:
-            return miss("checksum", nbytes)
-        want[:good] = self.buf[:good]
-        return RemoteResult(good, nbytes, time.monotonic() - t0,
-                            "" if good == n else "checksum", int(grant.get("read_commands", 0)))
+            if grant.get("error") or not grant.get("hits"):
+                reason = grant.get("error") or grant.get("reason", "miss")
+                break
+            n, nbytes = int(grant["hits"]), int(grant["bytes"])
+            if n > len(ck) or nbytes != n * self.layout.block_bytes:
+                reason = "bad grant"
+                break
+            t_grant = t_grant or time.monotonic() - t0
+            cmds += int(grant.get("read_commands", 0))
+            if k + 1 < len(chunks) and n == len(ck):          # the owner reads the next chunk
+                pending = self._send(endpoint, {"op": "fetch", "tenant": tenant,
+                                                "keys": chunks[k + 1][1]})
+            if on_grant is not None:
+                on_grant(grant)
+            r = self.engine.read(grant["peer"], [self.buf_addr + start * self.layout.block_bytes],
+                                 [int(grant["addr"])], [nbytes], deadline - time.monotonic())
+            if not r.ok:
+                if r.quarantined is not None:
+                    self._set_aside.append((self.buf, r.quarantined))
+                    self._new_buffer()
+                for sock in [a for _, a in acks] + ([pending] if pending is not None else []):
+                    sock.close()              # the owner is gone or late: its leases lapse
+                return RemoteResult(0, moved, time.monotonic() - t0, "transfer " + r.reason,
+                                    cmds, t_grant)
+            moved += nbytes
+            ok = self._verified(start, n, grant["checksums"])
+            # ack now: the owner frees the slot and says whether the run is still stored
+            acks.append((start, self._send(endpoint, {"op": "ack", "lease": grant["lease"]})))
+            good = start + ok
+            if ok < n:
+                reason = "checksum"
+                break
+            if n < len(ck):
+                break
+        if pending is not None:       # a chunk the loop stopped before: give its lease back
+            late = self._recv(pending, deadline)
+            if late and late.get("lease"):
+                self._recv(self._send(endpoint, {"op": "ack", "lease": late["lease"]}), deadline)
+        for start, sock in acks:
+            ack = self._recv(sock, deadline)
+            if ack is None or not ack.get("valid"):
+                # that chunk's session went (or the owner did) before its bytes were
+                # confirmed: it and everything after it are a miss
+                if start < good:
+                    good = start
+                    reason = "owner timeout" if ack is None else ack.get("reason", "invalid")
+        if good:
+            want[:good] = self.buf[:good]
+        elif not reason:
+            reason = "miss"
+        return RemoteResult(good, moved, time.monotonic() - t0,
+                            reason if good < len(keys) else "", cmds, t_grant)
+
+    def _verified(self, start: int, n: int, sums) -> int:
+        """Leading blocks of ``buf[start:start + n]`` whose every layer matches ``sums``."""
+        h = xxhash.xxh3_64_intdigest
+        for i in range(n):
+            if any(h(self.buf[start + i, j]) != int(sums[i][j])
+                   for j in range(self.layout.layers)):
+                return i
+        return n

@@ -1,0 +1,130 @@
+"""One long session restored remotely (another process, through the Transfer Engine) and
+locally, next to the Transfer Engine's own bandwidth for the same bytes, in the same run.
+
+    python benchmarks/remote_restore.py [--blocks 256] [--medium ssd|memory] [--repeat 5]
+                                        [--json OUT]
+
+An owner node process (``sglang_flatcake.cluster.owner_main``: a real FlatCakeStore on real
+files) stores one session.  This process then alternates, ``--repeat`` times:
+(a) remote restore: ``RemoteReader.fetch`` (the owner's ``get`` into its registered staging
+slot -- merged O_DIRECT reads for SSD -- and checksums, one Transfer Engine read, xxh3
+verification of every (block, layer), ack, copy into ``out``);
+(b) the Transfer Engine alone: one read of the same number of bytes from the owner's
+registered staging buffer (no store, no checksums);
+(c) local restore: ``store.get`` of the session inside the owner process.
+Reports medians; ``ratio_remote_vs_te`` = TE time / remote time (issue 13 target >= 0.80).
+Prints its configuration and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from sglang_flatcake.cluster.owner_main import session_keys  # noqa: E402
+from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
+from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
+from sglang_flatcake.layout import KVLayout  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--blocks", type=int, default=256, help="pages in the session")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--page-tokens", type=int, default=64)
+    p.add_argument("--medium", choices=("ssd", "memory"), default="ssd")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--chunk-blocks", type=int, default=16,
+                   help="pipelined chunks (0: the whole session in one grant and one transfer)")
+    p.add_argument("--timeout-s", type=float, default=30.0)
+    p.add_argument("--dir", default=None, help="parent of the owner's store (default: a temp dir)")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    layout = KVLayout.mha(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim,
+                          dtype="bfloat16", page_tokens=a.page_tokens)
+    nbytes = a.blocks * layout.block_bytes
+    cfg = {"blocks": a.blocks, "tokens": a.blocks * a.page_tokens, "layers": a.layers,
+           "block_bytes": layout.block_bytes, "session_bytes": nbytes, "medium": a.medium,
+           "repeat": a.repeat, "chunk_blocks": a.chunk_blocks, "protocol": "tcp", "host": "127.0.0.1",
+           "machine": f"{platform.machine()} {os.cpu_count()} cpus"}
+    print("config", json.dumps(cfg), flush=True)
+    tmp = tempfile.mkdtemp(prefix="fc-remote-", dir=a.dir)
+    chunk = a.chunk_blocks or a.blocks
+    slots = -(-a.blocks // chunk) + 1        # staging holds the whole session (for the raw read)
+    extra = ["--memory-bytes", str(2 * nbytes)] if a.medium == "memory" else []
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "sglang_flatcake.cluster.owner_main", "--root", f"{tmp}/store",
+         "--blocks", str(a.blocks), "--layers", str(a.layers), "--kv-heads", str(a.kv_heads),
+         "--head-dim", str(a.head_dim), "--page-tokens", str(a.page_tokens),
+         "--ssd-bytes", str(4 * nbytes + (64 << 20)), "--slots", str(slots), "--slot-blocks", str(chunk), *extra],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        info = json.loads(owner.stdout.readline())
+        keys = session_keys(a.blocks, "a")
+        engine = Engine("127.0.0.1")
+        reader = RemoteReader(engine, layout, max_blocks=a.blocks, timeout_s=a.timeout_s,
+                              chunk_blocks=a.chunk_blocks)
+        out = np.empty((a.blocks, layout.layers, layout.block_layer_bytes), np.uint8)
+        raw = np.empty(nbytes, np.uint8)
+        raw_addr = engine.register(raw)
+        remote, te, local, grant = [], [], [], []
+        for i in range(a.repeat + 1):           # the first round warms connections up
+            t0 = time.perf_counter()
+            r = reader.fetch(info["endpoint"], "", keys, out)
+            dt = time.perf_counter() - t0
+            if r.hits != a.blocks:
+                raise RuntimeError(f"remote restore served {r.hits}/{a.blocks}: {r.reason}")
+            t0 = time.perf_counter()
+            ok = engine.read(info["te"], [raw_addr], [info["staging_addr"]], [nbytes],
+                             a.timeout_s)
+            tt = time.perf_counter() - t0
+            if not ok.ok:
+                raise RuntimeError(f"raw Transfer Engine read failed: {ok.reason}")
+            owner.stdin.write("local\n")
+            owner.stdin.flush()
+            lo = json.loads(owner.stdout.readline())
+            if i:
+                remote.append(dt)
+                grant.append(r.grant_seconds)
+                te.append(tt)
+                local.append(lo["local_s"])
+            print(f"round {i}: remote {dt * 1e3:.1f} ms, te {tt * 1e3:.1f} ms, "
+                  f"local {lo['local_s'] * 1e3:.1f} ms", flush=True)
+        med = statistics.median
+        gib = nbytes / (1 << 30)
+        res = dict(cfg, remote_s=med(remote), remote_grant_s=med(grant), te_s=med(te), local_s=med(local),
+                   remote_gibps=gib / med(remote), te_gibps=gib / med(te),
+                   local_gibps=gib / med(local), ratio_remote_vs_te=med(te) / med(remote),
+                   ratio_remote_vs_local=med(local) / med(remote),
+                   owner_read_commands=r.owner_read_commands)
+        print(json.dumps(res), flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+        owner.stdin.write("quit\n")
+        owner.stdin.flush()
+        owner.wait(timeout=30)
+        engine.close()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        subprocess.run(["rm", "-rf", tmp], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
