@@ -98,7 +98,8 @@ class RemoteReader:
         if want.shape[0] < len(keys):
             raise ValueError(f"out holds {want.shape[0]} blocks for {len(keys)} keys")
         chunks = [(i, keys[i:i + self.chunk_blocks]) for i in range(0, len(keys), self.chunk_blocks)]
-        acks, good, moved, reason, t_grant, cmds = [], 0, 0, "", 0.0, 0
+        good, moved, reason, t_grant, cmds = 0, 0, "", 0.0, 0
+        acks: list[list] = []       # [chunk start, socket until answered else None, answer]
         pending = self._send(endpoint, {"op": "fetch", "tenant": tenant, "keys": chunks[0][1]})
         for k, (start, ck) in enumerate(chunks):
             grant = self._recv(pending, deadline)
@@ -115,6 +116,8 @@ class RemoteReader:
                 break
             t_grant = t_grant or time.monotonic() - t0
             cmds += int(grant.get("read_commands", 0))
+            if acks and acks[-1][1] is not None:   # the previous chunk's slot is free again
+                acks[-1][1:] = [None, self._recv(acks[-1][1], deadline)]   # before a fetch
             if k + 1 < len(chunks) and n == len(ck):          # the owner reads the next chunk
                 pending = self._send(endpoint, {"op": "fetch", "tenant": tenant,
                                                 "keys": chunks[k + 1][1]})
@@ -126,14 +129,14 @@ class RemoteReader:
                 if r.quarantined is not None:
                     self._set_aside.append((self.buf, r.quarantined))
                     self._new_buffer()
-                for sock in [a for _, a in acks] + ([pending] if pending is not None else []):
+                for sock in [a[1] for a in acks if a[1] is not None] + ([pending] if pending else []):
                     sock.close()              # the owner is gone or late: its leases lapse
                 return RemoteResult(0, moved, time.monotonic() - t0, "transfer " + r.reason,
                                     cmds, t_grant)
             moved += nbytes
             ok = self._verified(start, n, grant["checksums"])
             # ack now: the owner frees the slot and says whether the run is still stored
-            acks.append((start, self._send(endpoint, {"op": "ack", "lease": grant["lease"]})))
+            acks.append([start, self._send(endpoint, {"op": "ack", "lease": grant["lease"]}), None])
             good = start + ok
             if ok < n:
                 reason = "checksum"
@@ -144,8 +147,8 @@ class RemoteReader:
             late = self._recv(pending, deadline)
             if late and late.get("lease"):
                 self._recv(self._send(endpoint, {"op": "ack", "lease": late["lease"]}), deadline)
-        for start, sock in acks:
-            ack = self._recv(sock, deadline)
+        for start, sock, ack in acks:
+            ack = ack if sock is None else self._recv(sock, deadline)
             if ack is None or not ack.get("valid"):
                 # that chunk's session went (or the owner did) before its bytes were
                 # confirmed: it and everything after it are a miss
