@@ -246,3 +246,34 @@ def test_bad_arguments(engine):
         Engine("localhost")
     with pytest.raises(ConfigError, match="protocol='udp'"):
         Engine("127.0.0.1", protocol="udp")
+
+
+def test_owner_store_closed_is_a_miss_and_the_service_keeps_serving(engine, tmp_path):
+    """In one process: the owner's store refuses (closed) -> the fetch is a miss with the
+    store's reason, and the service thread is still there to answer the next request."""
+    from sglang_flatcake.cluster.owner import OwnerService
+    from sglang_flatcake.config import FlatCakeConfig
+    from sglang_flatcake.store import FlatCakeStore
+    store = FlatCakeStore(tmp_path / "s", LAYOUT, FlatCakeConfig(memory_bytes=0, durable=False))
+    keys = session_keys(8, "a")
+    store.put(keys, session_blocks(LAYOUT.block_bytes, keys))
+    svc = OwnerService(store, engine, slot_blocks=8)
+    try:
+        svc.publish("", "s", keys)
+        reader = RemoteReader(engine, LAYOUT, timeout_s=BOUND)
+        out = empty(8)
+        assert reader.fetch(svc.endpoint, "", keys, out).hits == 8
+        np.testing.assert_array_equal(out, expected(keys))
+        store.close()
+        out[:] = 0
+        r = reader.fetch(svc.endpoint, "", keys, out)
+        assert r.hits == 0 and r.reason.startswith("owner store:") and "closed" in r.reason
+        assert not out.any()
+        for _ in range(3):                          # more refusals than slots: none leaks
+            assert reader.fetch(svc.endpoint, "", keys, out).reason.startswith("owner store:")
+        assert len(svc._free) == 4
+        r = reader.fetch(svc.endpoint, "", ["unknown"], out)
+        assert (r.hits, r.reason) == (0, "not published")
+    finally:
+        svc.close()
+        store.close()

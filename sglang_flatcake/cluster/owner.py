@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FlatCakeError
 from .directory import Directory, tenant_tag
 from .transfer import Engine, check_host
 
@@ -146,6 +146,9 @@ class OwnerService:
                        else {"error": f"unknown op {op!r}"})
             except (ValueError, KeyError, TypeError) as e:
                 rep = {"error": f"bad request: {e}"}
+            except FlatCakeError as e:      # the store refused (closed, I/O): a miss, logged
+                log.warning("flatcake: owner could not serve a fetch: %s", e)
+                rep = {"error": f"owner store: {e}"}
             self._sock.send(json.dumps(rep).encode())
 
     def _expire(self, now: float) -> None:
@@ -165,7 +168,12 @@ class OwnerService:
                 return {"hits": 0, "reason": "not published" if n == 0 else "busy"}
             slot = self._free.pop()
         view = self.staging[slot * self.slot_blocks: slot * self.slot_blocks + n]
-        got = self.store.get(keys[:n], view)
+        try:
+            got = self.store.get(keys[:n], view)
+        except FlatCakeError:
+            with self._lock:
+                self._free.append(slot)      # rolled back: the slot is free again
+            raise
         if got.hits == 0:
             with self._lock:
                 self._free.append(slot)
