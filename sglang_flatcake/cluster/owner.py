@@ -15,9 +15,11 @@ Protocol (JSON over a ZeroMQ REP socket bound to the operator's address):
   only when the lease was still held (the slot was not reused) *and* the store still holds
   the run (``exists``): a session reclaimed while the transfer ran is a miss, never served.
 
+The owner takes the store's read lease (``FlatCakeStore.read_lease``) on the run before
+reading it and keeps it until the ack or the lease's end, so reclaim cannot take the session
+while a requester pulls it; a session reclaimed before that is a clean miss ("not stored").
 Not yet: memory-tier blocks are copied into the staging slot by ``get`` rather than read
-straight from the arena (that needs the store's read lease, issue 11, to pin the slots);
-the session is checked at ack rather than pinned against reclaim.
+straight from the registered arena.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class _Lease:
     slot: int
     keys: list[str]
     expires: float
+    pin: object            # the store's ReadLease: its sessions stay pinned until release
 
 
 class OwnerService:
@@ -155,6 +158,7 @@ class OwnerService:
         for slot, lease in list(self._leases.items()):
             if lease.expires <= now:
                 del self._leases[slot]
+                lease.pin.release()
                 self._free.append(slot)
 
     def _fetch(self, req: dict) -> dict:
@@ -168,17 +172,23 @@ class OwnerService:
                 return {"hits": 0, "reason": "not published" if n == 0 else "busy"}
             slot = self._free.pop()
         view = self.staging[slot * self.slot_blocks: slot * self.slot_blocks + n]
+        pin = None
         try:
-            got = self.store.get(keys[:n], view)
+            pin = self.store.read_lease(keys[:n])       # pinned until the ack or the lease ends
+            got = self.store.get(keys[:pin.n], view[:pin.n])
         except FlatCakeError:
+            if pin is not None:
+                pin.release()
             with self._lock:
                 self._free.append(slot)      # rolled back: the slot is free again
             raise
         if got.hits == 0:
+            pin.release()
             with self._lock:
                 self._free.append(slot)
             return {"hits": 0, "reason": "not stored"}
-        lease = _Lease(next(self._ids), slot, keys[:got.hits], time.monotonic() + self.lease_s)
+        lease = _Lease(next(self._ids), slot, keys[:got.hits], time.monotonic() + self.lease_s,
+                       pin)
         with self._lock:
             self._leases[slot] = lease
         return {"hits": got.hits, "lease": lease.id, "peer": self.engine.session,
@@ -198,6 +208,7 @@ class OwnerService:
             lease = self._leases.pop(slot)
             self._free.append(slot)
         stored = self.store.exists(lease.keys) == len(lease.keys)
+        lease.pin.release()
         return {"valid": stored, "reason": "" if stored else "reclaimed"}
 
     def close(self) -> None:
@@ -207,3 +218,7 @@ class OwnerService:
         self._stop.set()
         self._thread.join()
         self._sock.close()
+        with self._lock:
+            for lease in self._leases.values():
+                lease.pin.release()
+            self._leases.clear()
