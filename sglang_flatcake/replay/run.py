@@ -20,7 +20,7 @@ from pathlib import Path
 from ..config import FlatCakeConfig
 from ..errors import FlatCakeError
 from ..queues import AGING
-from . import flags
+from . import cluster_run, flags
 from .clock import EventLoop, SharedDisk
 from .metrics import infinite_cache_hits, summarize
 from .policy import POLICIES, make_policy
@@ -100,6 +100,8 @@ def add_arguments(p, tune: bool = False) -> None:
     g.add_argument("--json", default=f"{out}.json", help="JSON out (default %(default)s)")
     g.add_argument("--plot", default=f"{out}.png", help="PNG out (default %(default)s)")
     flags.add_flatcake_flags(p)
+    if not tune:
+        cluster_run.add_arguments(p)
 
 
 def _floats(text: str, name: str) -> list[float]:
@@ -226,6 +228,8 @@ class Setup:
 def run(args) -> int:
     t_start = time.monotonic()
     st = Setup(args)
+    if getattr(args, "nodes", None):
+        return cluster_run.run(args, st)
     rates, trace, sizing, model, gpu, disk_model = (st.rates, st.trace, st.sizing, st.model,
                                                      st.gpu, st.disk_model)
     try:
