@@ -127,3 +127,26 @@ def test_cli_rows_table_json_and_errors(tmp_path, capsys):
         b, st = setup_for(tmp_path, *bad)
         with pytest.raises(FlatCakeError, match=msg):
             replay_run.run(b)
+
+
+def test_a_drained_node_moves_its_affine_sessions_and_the_cluster_keeps_their_hits(tmp_path):
+    _, st = setup_for(tmp_path, "--memory-frac", "3")
+    base = one(st, tmp_path, 1, "-", True)
+    router = cluster.Router(st.trace, 2, "affine", seed=1)
+    nominal = sorted(cluster_run.arrivals(st.trace, RATE))
+    counts = [sum(router.route(r) == k for r in st.trace.requests) for k in (0, 1)]
+    drains = {counts.index(max(counts)): nominal[len(nominal) // 2]}
+    rows = {on: cluster_run.replay_cluster(st, 2, "affine", on, RATE, tmp_path / f"d{on}",
+                                           cluster.RemoteModel(), drains) for on in (True, False)}
+    for row in rows.values():
+        assert row["moved_turns"] > 0 and row["drains"] == drains
+    assert rows[False]["hit_rate_delivered"] < base["hit_rate_delivered"]
+    assert rows[True]["hit_rate_delivered"] == base["hit_rate_delivered"]
+    assert rows[True]["hit_rate_remote"] > 0
+    # a drained node takes nothing after its drain; a bad drain is refused by name
+    late = cluster.Router(st.trace, 2, "random", 1, {0: 0.0})
+    assert {late.route(r, 1.0) for r in st.trace.requests} == {1}
+    with pytest.raises(ConfigError, match="at least one left"):
+        cluster.Router(st.trace, 2, "random", 1, {0: 0.0, 1: 5.0})
+    with pytest.raises(FlatCakeError, match="'x@1'"):
+        cluster_run.parse_drains("0@5,x@1")

@@ -4,9 +4,11 @@ Each node is a real ``FlatCakeStore`` (the ``flatcake`` system, its own memory a
 budgets, its own disk, restore streams, prefill slots and two-queue policy); one event
 loop drives them all.  ``Router`` sends each request to a node: ``random`` draws a node
 per request (seeded), ``affine`` maps a session to one node by a hash of its id and keeps
-it there (SGLang's router under consistent-hash / cache-aware routing; drains are not
-modelled).  After a node writes a request's blocks it publishes them in ``Directory``
-(page key -> node, last writer wins, as ``cluster.directory``).
+it there (SGLang's router under consistent-hash / cache-aware routing) unless it is
+drained: from its drain time a node takes no new request (its sessions go to the next
+node on the ring) but its store still serves remote restores.  After a node writes a
+request's blocks it publishes them in ``Directory`` (page key -> node, last writer wins,
+as ``cluster.directory``).
 
 With the cluster on, a request whose leading run the directory says another node holds
 further than this node's own is restored from that owner: a real read lease on the
@@ -63,20 +65,31 @@ class RemoteModel:
 
 
 class Router:
-    """Which node serves a request; depends only on the request, the seed and ``nodes``."""
+    """Which node serves a request; depends only on the request, the seed, ``nodes`` and
+    the drains (``{node: virtual time from which it takes no new request}``)."""
 
-    def __init__(self, trace: Trace, nodes: int, routing: str, seed: int = 0) -> None:
+    def __init__(self, trace: Trace, nodes: int, routing: str, seed: int = 0,
+                 drains: dict[int, float] | None = None) -> None:
         if nodes < 1:
             raise ConfigError(f"--nodes must be >= 1, got {nodes}")
         if routing not in ROUTINGS:
             raise ConfigError(f"--routing {routing!r}: expected one of {', '.join(ROUTINGS)}")
-        self.nodes, self.routing, self.seed = nodes, routing, seed
+        drains = dict(drains or {})
+        bad = [k for k in drains if not 0 <= k < nodes]
+        if bad or len(drains) >= nodes:
+            raise ConfigError(f"--drain {drains}: nodes 0..{nodes - 1}, at least one left")
+        self.nodes, self.routing, self.seed, self.drains = nodes, routing, seed, drains
         self._draw = np.random.default_rng(seed).integers(0, nodes, len(trace.requests))
 
-    def route(self, r: Request) -> int:
+    def route(self, r: Request, now: float = 0.0) -> int:
+        live = [k for k in range(self.nodes) if self.drains.get(k, float("inf")) > now]
         if self.routing == "random":
-            return int(self._draw[r.rid])
-        return xxhash.xxh64_intdigest(f"{self.seed}:{r.session}".encode()) % self.nodes
+            k = int(self._draw[r.rid])
+            return k if k in live else live[k % len(live)]
+        k = xxhash.xxh64_intdigest(f"{self.seed}:{r.session}".encode()) % self.nodes
+        while k not in live:            # a drained node's sessions go to the next on the ring
+            k = (k + 1) % self.nodes
+        return k
 
 
 class Directory:
@@ -222,7 +235,7 @@ class ClusterReplay:
         self.node_of: dict[int, int] = {}
 
     def arrive(self, r: Request) -> None:
-        k = self.router.route(r)
+        k = self.router.route(r, self.loop.now)
         self.node_of[r.rid] = k
         Replayer._arrive(self.lanes[k], r)
 

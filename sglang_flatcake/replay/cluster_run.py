@@ -37,6 +37,9 @@ def add_arguments(p) -> None:
                                    "flatcake system on that many nodes instead of --systems")
     g.add_argument("--routing", default="random,affine",
                    help=f"comma list of {', '.join(ROUTINGS)} (default %(default)s)")
+    g.add_argument("--drain", default="",
+                   help="NODE@SECONDS, comma list: from that virtual time the node takes no new "
+                        "request (its store still serves remote reads); only where NODE < N")
     g.add_argument("--remote-gib-s", type=float, default=_DEFAULT.gib_s,
                    help="remote restore bandwidth, full-size GiB/s (default %(default).3f, "
                         f"measured: {MEASURED_FROM})")
@@ -49,22 +52,38 @@ def _ints(text: str, name: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise FlatCakeError(f"{name} {text!r}: expected whole numbers separated by commas") from None
+        raise FlatCakeError(f"{name} {text!r}: expected whole numbers separated by "
+                            "commas") from None
     if not vals or any(v < 1 or v > 4096 for v in vals):   # the address holds 12 node bits
         raise FlatCakeError(f"{name} {text!r}: expected node counts from 1 to 4096")
     return list(dict.fromkeys(vals))
+
+
+def parse_drains(text: str) -> dict[int, float]:
+    """``"0@600,3@900"`` -> ``{0: 600.0, 3: 900.0}``; ``FlatCakeError`` names a bad one."""
+    out = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        node, _, t = item.partition("@")
+        try:
+            out[int(node)] = float(t)
+        except ValueError:
+            raise FlatCakeError(f"--drain {item!r}: expected NODE@SECONDS, e.g. 0@600") from None
+        if out[int(node)] < 0 or int(node) < 0:
+            raise FlatCakeError(f"--drain {item!r}: node and time must be >= 0")
+    return out
 
 
 def plan(nodes: list[int], routings: list[str]) -> list[tuple[int, str, bool]]:
     """(nodes, routing, cluster on) in order; one node is one run (``-``, on)."""
     out = []
     for n in nodes:
-        out += [(1, "-", True)] if n == 1 else [(n, r, on) for r in routings for on in (True, False)]
+        out += [(1, "-", True)] if n == 1 else \
+            [(n, r, on) for r in routings for on in (True, False)]
     return out
 
 
 def replay_cluster(st, n: int, routing: str, enabled: bool, rate: float, root: Path,
-                   remote: RemoteModel) -> dict:
+                   remote: RemoteModel, drains: dict[int, float] | None = None) -> dict:
     """One replay of ``st.trace`` (``run.Setup``) on ``n`` nodes: one row (``FIELDS`` plus
     the cluster's columns)."""
     a, trace = st.args, st.trace
@@ -87,7 +106,8 @@ def replay_cluster(st, n: int, routing: str, enabled: bool, rate: float, root: P
     try:
         pols = [make_policy(policy, x.prefetch_budget, float(st.over.get("queue_aging", AGING)))
                 for x in nodes]
-        router = Router(trace, n, routing if routing != "-" else "affine", a.seed)
+        drains = {k: t for k, t in (drains or {}).items() if k < n} if n > 1 else {}
+        router = Router(trace, n, routing if routing != "-" else "affine", a.seed, drains)
         states, node_of = ClusterReplay(trace, nominal, nodes, pols, router, st.gpu, loop,
                                         a.max_prefills, a.recent_s).run()
         io = IoCounters()
@@ -108,7 +128,7 @@ def replay_cluster(st, n: int, routing: str, enabled: bool, rate: float, root: P
     c = state.counters
     delivered = sum(s.delivered for s in states)
     row.update({
-        "nodes": n, "routing": routing, "cluster": enabled,
+        "nodes": n, "routing": routing, "cluster": enabled, "drains": drains,
         "hit_rate_local": round((delivered - c.remote_blocks) / blocks, 6),
         "hit_rate_remote": round(c.remote_blocks / blocks, 6),
         "remote_share": round(c.remote_blocks / delivered, 6) if delivered else 0.0,
@@ -184,20 +204,22 @@ def run(args, st) -> int:
         raise FlatCakeError(f"--routing {args.routing!r}: expected a comma list of "
                             f"{', '.join(ROUTINGS)}")
     remote = RemoteModel(args.remote_gib_s, args.remote_rtt_ms / 1e3)
+    drains = parse_drains(args.drain)
     runs = plan(nodes, routings)
     print(f"cluster replay: {st.trace.n_sessions} sessions, {len(st.trace.requests)} requests, "
           f"nodes {nodes}, routing {routings}, per node memory {st.mem_full / 1e9:.2f} GB and "
           f"SSD {st.ssd_full / 1e9:.2f} GB; remote reads modelled on {MEASURED_FROM}: "
           f"{remote.gib_s:.3f} GiB/s + {remote.rtt_s * 1e3:.1f} ms per request",
           file=sys.stderr, flush=True)
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="flatcake-cluster-", dir="."))
+    base = Path(args.dir) if args.dir else \
+        Path(tempfile.mkdtemp(prefix="flatcake-cluster-", dir="."))
     base.mkdir(parents=True, exist_ok=True)
     rows = []
     try:
         for rate in st.rates:
             for k, (n, rt, on) in enumerate(runs, 1):
                 row = replay_cluster(st, n, rt, on, rate, base / f"n{n}-{rt}-{int(on)}-r{rate:g}",
-                                     remote)
+                                     remote, drains)
                 rows.append(row)
                 print(f"  [{k}/{len(runs)}] @ {rate:g}: {n} nodes {rt} cluster "
                       f"{'on' if on else 'off'}: hit {row['hit_rate_delivered']:.2%}, remote "
@@ -215,7 +237,7 @@ def run(args, st) -> int:
               "requests": len(st.trace.requests), "model": st.model.name,
               "memory_gb_per_node": st.mem_full / 1e9, "ssd_gb_per_node": st.ssd_full / 1e9,
               "gpu": vars(st.gpu), "disk": vars(st.disk_model), "rates": st.rates,
-              "nodes": nodes, "routings": routings, "remote_gib_s": remote.gib_s,
+              "nodes": nodes, "routings": routings, "drains": drains, "remote_gib_s": remote.gib_s,
               "remote_rtt_s": remote.rtt_s, "remote_model_from": MEASURED_FROM,
               "seed": args.seed, "wall_s": round(time.monotonic() - t0, 1)}
     if args.json:
