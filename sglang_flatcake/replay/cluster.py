@@ -56,9 +56,10 @@ class RemoteModel:
 
     def __post_init__(self) -> None:
         if not self.gib_s > 0:
-            raise ConfigError(f"remote bandwidth must be > 0 GiB/s, got {self.gib_s!r}")
+            raise ConfigError(f"--remote-gib-s: remote bandwidth must be > 0, got {self.gib_s!r}")
         if not self.rtt_s >= 0:
-            raise ConfigError(f"remote round trip must be >= 0 s, got {self.rtt_s!r}")
+            raise ConfigError(f"--remote-rtt-ms: remote round trip must be >= 0, got "
+                              f"{self.rtt_s * 1e3!r} ms")
 
     def seconds(self, full_bytes: float) -> float:
         return self.rtt_s + full_bytes / (self.gib_s * GIB)
