@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sglang_flatcake.replay.clock import EventLoop, SharedDisk
-from sglang_flatcake.replay.metrics import FIELDS, infinite_cache_hits, percentile, summarize
+from sglang_flatcake.replay.metrics import (FIELDS, infinite_cache_hits, percentile, summarize,
+                                            tail_disk_share)
 from sglang_flatcake.replay.sizes import DISKS, MODELS, make_sizing
 from sglang_flatcake.replay.systems.base import IoCounters, RequestState
 from sglang_flatcake.replay.traces import Request, Trace
@@ -59,6 +60,26 @@ def test_summarize_hand_computed():
     assert row["throughput_rps"] == pytest.approx(3 / 6.0)
     none = summarize("m", 1.0, states, [0, 0, 0], IoCounters(), SharedDisk(EventLoop()))
     assert none["read_amplification"] is None and none["ssd_read_gib_s"] is None
+
+
+def test_tail_disk_share_counts_gpu_idle_time_of_the_slowest():
+    reqs = [req(i, [1]) for i in range(4)]
+    # prefills (busy): [0, 1], [5, 6], [6, 9], [10, 11]
+    spans = [(0.0, 0.0, 1.0), (0.0, 5.0, 6.0), (1.0, 6.0, 9.0), (9.5, 10.0, 11.0)]
+    states = []
+    for r, (arr, start, end) in zip(reqs, spans):
+        s = state(r, arr, 0, end)
+        s.prefill_start = start
+        states.append(s)
+    # TTFTs 1, 6, 8, 1.5: P99 is request 2 alone: 8 s, of which 1..5 idle (4 s), 5..9 busy
+    assert tail_disk_share(states) == pytest.approx(4 / 8)
+    # P50 (nearest rank: 1.5 s) takes requests 1, 2, 3: idle 4+4+0.5 = 8.5 s of 6+8+1.5
+    assert tail_disk_share(states, 50) == pytest.approx(8.5 / 15.5)
+    # one more request prefilling over the idle gap makes the tail prefill-bound
+    extra = state(req(4, [1]), 1.0, 0, 5.0)
+    extra.prefill_start = 1.0
+    assert tail_disk_share(states + [extra]) == pytest.approx(0.0)
+    assert tail_disk_share([]) is None
 
 
 def test_shared_disk_is_processor_sharing():

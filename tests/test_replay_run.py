@@ -106,6 +106,26 @@ def test_ablation_both_flatcake_systems_side_by_side(tmp_path, capsys):
         assert d["two-queue"]["ttft_s_p50"] == by[("flatcake", d["rate"])]["ttft_s_p50"]
         best = min(d["fcfs"]["ttft_s_p99"], d["head-only"]["ttft_s_p99"])
         assert d["p99_ratio"] == pytest.approx(d["two-queue"]["ttft_s_p99"] / best)
+        share = by[("flatcake-single-queue", d["rate"])]["ttft_p99_disk_share"]
+        assert d["head_only_p99_disk_share"] == share and 0 <= share <= 1
+
+
+def test_replay_on_a_given_schedule(tmp_path):
+    """``Setup.replay(nominal=...)``: requests arrive no earlier than the times given (a later
+    turn also waits for its predecessor), states come back, and a wrong length is refused."""
+    st = replay_run.Setup(args_for(tmp_path, "--rates", "1", "--plot", ""))
+    first: list = []
+    st.replay(st.trace, "flatcake", "fcfs", 1.0, tmp_path / "a", states_out=first)
+    assert [s.req.rid for s in first] == [r.rid for r in st.trace.requests]
+    late = [s.arrival + 100.0 for s in first]
+    again: list = []
+    row, _ = st.replay(st.trace, "flatcake", "fcfs", 1.0, tmp_path / "b", nominal=late,
+                       states_out=again)
+    assert all(s.arrival >= t for s, t in zip(again, late))
+    assert min(s.arrival for s in again) == pytest.approx(min(late))
+    assert 0 <= row["ttft_p99_disk_share"] <= 1
+    with pytest.raises(ValueError, match="nominal has 1 times"):
+        st.replay(st.trace, "flatcake", "fcfs", 1.0, tmp_path / "c", nominal=[0.0])
 
 
 def test_forcing_one_policy_on_every_system(tmp_path):

@@ -12,6 +12,10 @@
 - SSD read bandwidth: full-size bytes read / virtual time with a read in flight;
 - prefetch cancelled: prefetches given up (staging full);
 - TTFT: arrival (release) to the end of prefill; mean, P50 and P99;
+- P99 disk share: over the requests whose TTFT is at least the P99, the share of
+  their TTFT during which no prefill ran anywhere (the GPU idle while they waited:
+  the wait was for SSD restores, theirs or a head's), against prefill queueing and
+  prefill; ``tail_disk_share``;
 - throughput: requests / (last first token - first arrival).
 
 Percentiles are nearest-rank: P99 of n values is the ceil(0.99 n)-th smallest.
@@ -20,6 +24,7 @@ Times are full-size virtual seconds (see ``sizes``).
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Sequence
 
@@ -30,9 +35,9 @@ from .traces import Trace
 
 FIELDS = ("system", "policy", "rate", "hit_rate_delivered", "hit_rate_max", "read_amplification",
           "read_commands", "prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s",
-          "prefetch_cancelled", "ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "throughput_rps")
+          "prefetch_cancelled", "ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "ttft_p99_disk_share", "throughput_rps")
 TIMING_FIELDS = ("prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s", "ttft_s_mean",
-                 "ttft_s_p50", "ttft_s_p99", "throughput_rps")
+                 "ttft_s_p50", "ttft_s_p99", "ttft_p99_disk_share", "throughput_rps")
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -62,6 +67,35 @@ def infinite_cache_hits(trace: Trace, nominal: Sequence[float]) -> list[int]:
         out[r.rid] = n
         seen.update((r.scope, h) for h in r.hash_ids)
     return out
+
+
+def tail_disk_share(states: Sequence[RequestState], q: float = 99) -> float | None:
+    """Of the requests whose TTFT is at least its ``q`` percentile, the share of their summed
+    TTFT during which no prefill was running (``prefill_start`` to ``first_token`` of any
+    request); None for no requests or a zero TTFT sum."""
+    ttft = [s.first_token - s.arrival for s in states]
+    cut = percentile(ttft, q)
+    if cut is None:
+        return None
+    busy: list[list[float]] = []
+    for a, b in sorted((s.prefill_start, s.first_token) for s in states
+                       if s.prefill_start is not None):
+        if busy and a <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], b)
+        else:
+            busy.append([a, b])
+    starts = [iv[0] for iv in busy]
+    total = idle = 0.0
+    for s, t in zip(states, ttft):
+        if t < cut:
+            continue
+        lo, hi = s.arrival, s.first_token
+        covered = 0.0
+        for a, b in busy[max(0, bisect.bisect_right(starts, lo) - 1):bisect.bisect_left(starts, hi)]:
+            covered += max(0.0, min(b, hi) - max(a, lo))
+        total += hi - lo
+        idle += hi - lo - covered
+    return idle / total if total > 0 else None
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -94,6 +128,7 @@ def summarize(system: str, rate: float, states: Sequence[RequestState], max_hits
         "ttft_s_mean": _r(mean(ttft)),
         "ttft_s_p50": _r(percentile(ttft, 50)),
         "ttft_s_p99": _r(percentile(ttft, 99)),
+        "ttft_p99_disk_share": _r(tail_disk_share(states), 4),
         "throughput_rps": _r(len(states) / span if span > 0 else None),
     }
     assert tuple(row) == FIELDS

@@ -66,7 +66,9 @@ def policy_comparison(rows: Sequence[dict], same_as: dict[str, str | None]) -> l
     """Per flatcake store and rate, the three policies side by side: TTFT mean, P50, P99 and
     served req/s of each, plus the issue's checks: ``fcfs_served`` (served / offered),
     ``mean_ratio`` and ``p99_ratio`` (two-queue over the better of fcfs and head-only),
-    ``head_only_restore_bound`` (its P99 >= 2 x its P50) and ``p99_lower_than_head_only``.
+    ``head_only_restore_bound`` (its P99 >= 2 x its P50, the issue's proxy),
+    ``head_only_p99_disk_share`` (its ``ttft_p99_disk_share``: the measured share of its tail
+    spent waiting on SSD restores with the GPU idle) and ``p99_lower_than_head_only``.
     A store is a system that ran under every policy of ``COMPARED``, counting the rows of
     systems ``same_as`` it; ``[]`` if none did."""
     got: dict = {}
@@ -80,13 +82,15 @@ def policy_comparison(rows: Sequence[dict], same_as: dict[str, str | None]) -> l
         d: dict = {"store": store, "rate": rate}
         for p in COMPARED:
             r = by[p]
-            d[p] = {k: r[k] for k in ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "throughput_rps")}
+            d[p] = {k: r.get(k) for k in ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99",
+                                          "ttft_p99_disk_share", "throughput_rps")}
         tq, fc, ho = (d[p] for p in COMPARED)
         d["fcfs_served"] = fc["throughput_rps"] / rate if fc["throughput_rps"] else None
         for k, name in (("ttft_s_mean", "mean_ratio"), ("ttft_s_p99", "p99_ratio")):
             best = min(fc[k], ho[k])
             d[name] = tq[k] / best if best else None
         d["head_only_restore_bound"] = ho["ttft_s_p99"] >= 2 * ho["ttft_s_p50"]
+        d["head_only_p99_disk_share"] = ho["ttft_p99_disk_share"]
         d["p99_lower_than_head_only"] = ((ho["ttft_s_p99"] - tq["ttft_s_p99"]) / ho["ttft_s_p99"]
                                          if ho["ttft_s_p99"] else None)
         out.append(d)
@@ -98,7 +102,8 @@ def format_policies(comp: Sequence[dict]) -> str:
     req/s under each policy, then two-queue's ratios to the better of the other two."""
     f = lambda x, n=3: "-" if x is None else f"{x:.{n}f}"   # noqa: E731
     head = ["store", "rate"] + [f"{p}: mean/p50/p99 s, req/s" for p in COMPARED] + \
-        ["fcfs served", "2q/best mean", "2q/best p99", "head-only restore-bound", "2q p99 lower"]
+        ["fcfs served", "2q/best mean", "2q/best p99", "head-only restore-bound",
+         "head-only p99 disk share", "2q p99 lower"]
     body = []
     for d in comp:
         cells = [d["store"], f"{d['rate']:g}"]
@@ -110,6 +115,8 @@ def format_policies(comp: Sequence[dict]) -> str:
         cells += ["-" if d["fcfs_served"] is None else f"{d['fcfs_served']:.1%}",
                   f(d["mean_ratio"]), f(d["p99_ratio"]),
                   "yes" if d["head_only_restore_bound"] else "no",
+                  "-" if d["head_only_p99_disk_share"] is None else
+                  f"{d['head_only_p99_disk_share']:.0%}",
                   "-" if lower is None else f"{lower:+.1%}"]
         body.append(cells)
     w = [max(len(x) for x in col) for col in zip(head, *body)]

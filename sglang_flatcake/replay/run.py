@@ -184,13 +184,19 @@ class Setup:
                 sz.real(mem_full * a.staging_frac))
 
     def replay(self, trace: Trace, name: str, policy: str, rate: float, root: Path,
-               over: dict | None = None, label: str = "") -> tuple[dict, dict]:
+               over: dict | None = None, label: str = "", nominal: list[float] | None = None,
+               states_out: list | None = None) -> tuple[dict, dict]:
         """One replay of ``trace`` through ``name`` under ``policy`` at ``rate``: (row, detail).
-        ``over`` replaces the ``--flatcake-*`` settings; the store under ``root`` is removed
-        after unless ``--keep``."""
+        ``over`` replaces the ``--flatcake-*`` settings; ``nominal`` replaces the arrival
+        times ``arrivals(trace, rate)`` (a later turn still waits for its predecessor);
+        ``states_out``, if given, receives the requests' states.  The store under ``root``
+        is removed after unless ``--keep``."""
         a = self.args
         over = self.over if over is None else over
-        nominal = arrivals(trace, rate)
+        if nominal is None:
+            nominal = arrivals(trace, rate)
+        elif len(nominal) != len(trace.requests):
+            raise ValueError(f"nominal has {len(nominal)} times for {len(trace.requests)} requests")
         max_hits = infinite_cache_hits(trace, nominal)
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
@@ -211,6 +217,8 @@ class Setup:
             pol = make_policy(policy, system.prefetch_budget, float(over.get("queue_aging", AGING)))
             states = Replayer(trace, nominal, system, pol, self.gpu, loop,
                               a.max_prefills, a.recent_s, progress).run()
+            if states_out is not None:
+                states_out.extend(states)
             extra = system.stats()
         finally:
             system.close()

@@ -1,0 +1,102 @@
+"""Where two queues' TTFT tail comes from, against FCFS and head-only (times modelled).
+
+    python benchmarks/queue_gap.py [flatcake replay options] [--json OUT]
+    e.g. python benchmarks/queue_gap.py --model deepseek-v3 --rates 0.25
+
+For each rate, three measurements with the replay's ``flatcake`` store:
+
+1. closed loop, as ``flatcake replay`` runs it: a conversation's next turn is released no
+   earlier than its previous turn's prefill end, so each policy shapes its own arrivals;
+2. one schedule for all: every policy replays the arrival times FCFS realized in (1)
+   (a later turn still waits for its predecessor), so the policies meet the same load;
+3. per policy, the split of the P99 requests' TTFT: waiting for their SSD restore to
+   start, the restore, the ready queue, the prefill; and ``ttft_p99_disk_share`` (the
+   share of that TTFT with no prefill running: time spent waiting on the SSD).
+
+Also prints what restoring a token costs on the disk model against recomputing it on the
+GPU preset (``kv_bytes_per_token / read bandwidth`` vs ``1 / prefill tokens per s``).
+Prints one JSON object on stdout (and to ``--json``), progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from sglang_flatcake.replay.metrics import percentile
+from sglang_flatcake.replay.run import Setup, add_arguments
+from sglang_flatcake.replay.sizes import GIB
+from sglang_flatcake.replay.traces import arrivals
+
+POLICIES = ("two-queue", "fcfs", "head-only")
+
+
+def tail_split(states) -> dict:
+    """Shares of the P99 requests' summed TTFT: restore wait, restore, ready queue, prefill."""
+    ttft = [s.first_token - s.arrival for s in states]
+    cut = percentile(ttft, 99)
+    parts = {"restore_wait": 0.0, "restore": 0.0, "ready_queue": 0.0, "prefill": 0.0}
+    total = 0.0
+    for s, t in zip(states, ttft):
+        if t < cut:
+            continue
+        total += t
+        if s.prefetch_start is not None:
+            parts["restore_wait"] += s.prefetch_start - s.arrival
+            parts["restore"] += s.prefetch_end - s.prefetch_start
+        parts["ready_queue"] += s.prefill_start - s.ready_at
+        parts["prefill"] += s.first_token - s.prefill_start
+    return {k: round(v / total, 4) for k, v in parts.items()} if total else parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    st = Setup(args)
+    sz, disk, gpu = st.sizing, st.disk_model, st.gpu
+    out = {"model": st.model.name, "disk": disk.name, "gpu": gpu.name, "trace": str(st.path),
+           "restore_us_per_token": round(sz.kv_bytes_per_token / (disk.read_gib_s * GIB) * 1e6, 3),
+           "recompute_us_per_token": round(1e6 / gpu.prefill_tps, 3), "rates": []}
+    with tempfile.TemporaryDirectory(prefix="queue-gap-", dir=args.dir) as tmp:
+        for rate in st.rates:
+            rec: dict = {"rate": rate}
+            states: dict = {}
+            for mode in ("closed_loop", "fcfs_schedule"):
+                nominal = None if mode == "closed_loop" else \
+                    [states["fcfs"][r.rid].arrival for r in st.trace.requests]
+                got: dict = {}
+                for pol in POLICIES:
+                    s: list = []
+                    row, _ = st.replay(st.trace, "flatcake", pol, rate, Path(tmp) / "s",
+                                       label=f"{mode} ", nominal=nominal, states_out=s)
+                    if mode == "closed_loop":
+                        states[pol] = s
+                    got[pol] = {k: row[k] for k in ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99",
+                                                    "ttft_p99_disk_share", "throughput_rps")}
+                    got[pol]["ssd_gb_read"] = round(sum(x.restore_bytes for x in s) / 1e9, 2)
+                    if mode == "closed_loop":
+                        got[pol]["p99_split"] = tail_split(s)
+                best = min(got["fcfs"]["ttft_s_p99"], got["head-only"]["ttft_s_p99"])
+                got["p99_ratio"] = round(got["two-queue"]["ttft_s_p99"] / best, 4)
+                rec[mode] = got
+            base = arrivals(st.trace, rate)
+            shift = [states["two-queue"][i].arrival - states["fcfs"][i].arrival
+                     for i in range(len(base))]
+            rec["two_queue_arrives_earlier_s_mean"] = round(-sum(shift) / len(shift), 3)
+            out["rates"].append(rec)
+            print(f"rate {rate:g}: P99 two-queue / best, closed loop "
+                  f"{rec['closed_loop']['p99_ratio']:.3f}, on FCFS's schedule "
+                  f"{rec['fcfs_schedule']['p99_ratio']:.3f}", file=sys.stderr, flush=True)
+    text = json.dumps(out)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

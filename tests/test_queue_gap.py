@@ -1,0 +1,33 @@
+"""``benchmarks/queue_gap.py`` on a tiny slice: both modes, the tail split, the ratios."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import queue_gap  # noqa: E402
+
+
+def test_queue_gap_tiny(tmp_path, capsys):
+    out = tmp_path / "gap.json"
+    assert queue_gap.main(["--sessions", "2", "--seed", "4", "--rates", "1", "--plot", "",
+                           "--dir", str(tmp_path), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc == json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["restore_us_per_token"] > 0 and doc["recompute_us_per_token"] > 0
+    (rec,) = doc["rates"]
+    closed, sched = rec["closed_loop"], rec["fcfs_schedule"]
+    # FCFS replayed on its own realized arrivals is the same run
+    assert sched["fcfs"] == {k: v for k, v in closed["fcfs"].items() if k != "p99_split"}
+    for got in (closed, sched):
+        best = min(got["fcfs"]["ttft_s_p99"], got["head-only"]["ttft_s_p99"])
+        assert got["p99_ratio"] == pytest.approx(got["two-queue"]["ttft_s_p99"] / best, abs=1e-4)
+    for pol in ("two-queue", "fcfs", "head-only"):
+        split = closed[pol]["p99_split"]
+        assert sum(split.values()) == pytest.approx(1.0, abs=1e-3)
+        assert 0 <= closed[pol]["ttft_p99_disk_share"] <= 1
+    assert list(tmp_path.iterdir()) == [out]          # the stores are removed
