@@ -38,7 +38,8 @@ from sglang_flatcake.config import FlatCakeConfig  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
 from sglang_flatcake.scatter import warm_up  # noqa: E402
 from sglang_flatcake.store import FlatCakeStore  # noqa: E402
-from sglang_flatcake.window import LayerWindow, restore_through_window  # noqa: E402
+from sglang_flatcake.to_slots import restore_through_window  # noqa: E402
+from sglang_flatcake.window import LayerWindow  # noqa: E402
 
 TARGET = 0.85
 

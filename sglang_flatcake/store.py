@@ -617,9 +617,9 @@ class FlatCakeStore:
         """Restore straight into paged KV slots through the two-layer window (no staging).
 
         ``dest_k``/``dest_v`` are per-layer device (or CPU) buffers shaped like SGLang's
-        pools; see ``window.restore_through_window`` for the contract.
+        pools; see ``to_slots.restore_through_window`` for the contract.
         """
-        from .window import restore_through_window
+        from .to_slots import restore_through_window
         self._check_open()
         return restore_through_window(self, keys, dest_k, dest_v, slot_indices, window=window,
                                       order=order)

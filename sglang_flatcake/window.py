@@ -404,6 +404,3 @@ class _Events:
         for e in self.events:
             e.synchronize()
 
-
-# ---------------------------------------------------------------- store -> KV slots
-from .to_slots import WindowRestore, restore_through_window  # noqa: E402,F401  (re-export)

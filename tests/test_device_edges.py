@@ -23,7 +23,8 @@ from sglang_flatcake import scatter as sc
 from sglang_flatcake.errors import IOEngineError
 from sglang_flatcake.layout import KVLayout
 from sglang_flatcake.planner import plan_reads
-from sglang_flatcake.window import LayerWindow, restore_through_window
+from sglang_flatcake.to_slots import restore_through_window
+from sglang_flatcake.window import LayerWindow
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import standin  # noqa: E402

@@ -22,7 +22,8 @@ from sglang_flatcake.layout import KVLayout, SegmentGeometry
 from sglang_flatcake.placement import WriteSignals
 from sglang_flatcake.planner import SegmentRead, plan_reads
 from sglang_flatcake.store import FlatCakeStore
-from sglang_flatcake.window import LayerWindow, plan_fills, restore_through_window
+from sglang_flatcake.to_slots import restore_through_window
+from sglang_flatcake.window import LayerWindow, plan_fills
 
 A = 4096
 LAY = KVLayout.mha(layers=3, kv_heads=1, head_dim=64, dtype="bfloat16", page_tokens=8)  # 2 KiB

@@ -12,7 +12,8 @@ Same trace, seed and models: same rows.
 
 Structure:
 
-  traces.py     Mooncake / WEKA loaders, conversations, arrival schedules
+  traces.py     requests, conversations, arrival schedules
+  loaders.py    Mooncake / WEKA loaders (load_trace)
   sizes.py      model, GPU and disk presets; ``--scale`` to a real KVLayout
   clock.py      the event loop and the processor-sharing disk
   systems/      base.py (the interface), flatcake.py (the real store, and its

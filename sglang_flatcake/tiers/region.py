@@ -44,6 +44,7 @@ from ..sessions import Segment, Session
 from . import region_meta as rm
 from .extents import ExtentAllocator
 from .medium import open_medium
+from .region_recovery import recover
 from .ssd import write_segment_at
 
 log = logging.getLogger("sglang_flatcake")
@@ -139,7 +140,7 @@ class RegionFiles:
             self._write(off, sb, 0, geo.journal_off)
         self.engine.sync(self.path_)
         self.short_bytes = 0
-        self.fresh_sid = new_sid_base()
+        self.fresh_sid = rm.new_sid_base()
 
     def close(self, unlink_new: bool = False) -> None:
         created = self.medium.created and unlink_new
@@ -276,7 +277,7 @@ class RegionFiles:
         self._lineage.pop(sid, None)
         for e in ex:
             del self._owner[e]
-        for start, count in _group(ex):
+        for start, count in rm.runs(ex):
             self.alloc.give(start, count)
         self.used_bytes -= len(ex) * self.extent_bytes
         if ex and not self.read_only and self.gen + 1 - self.ckpt_gen <= self.geo.journal_slots:
@@ -325,7 +326,7 @@ class RegionFiles:
             if s is None:
                 continue
             out.append(rm.CkSession(sid, s.parent, s.parent_blocks, s.created, s.last_used, s.label,
-                                    _group(ex), [rm.CkSegment(g.offset, g.seq, g.turn, g.first_pos,
+                                    rm.runs(ex), [rm.CkSegment(g.offset, g.seq, g.turn, g.first_pos,
                                                               g.digests, g.checksums)
                                                  for g in s.segments]))
         ck = rm.Checkpoint(self.ckpt_seq + 1, self.gen, max(next_sid, self.next_sid), out)
@@ -338,7 +339,6 @@ class RegionFiles:
 
     # ---------------------------------------------------------------- recovery
     def load(self, layout, alignment: int, start_empty: bool = False):
-        from .region_recovery import recover
         got = recover(self, start_empty)
         if self.short_bytes:
             self._accept_short(got[0])
@@ -366,21 +366,4 @@ class RegionFiles:
                                         f"{self.geo.region_bytes} bytes: {e.strerror}") from None
             self.medium.size = self.geo.region_bytes
         self.short_bytes = 0
-
-
-def new_sid_base() -> int:
-    """A random first session id for a new region: headers left by an earlier region on
-    the same medium then never match a live session."""
-    return (secrets.randbits(30) << 24) + 1
-
-
-def _group(ex: list[int]) -> list[tuple[int, int]]:
-    """Consecutive extent numbers as (start, count) runs, in order."""
-    out: list[list[int]] = []
-    for e in ex:
-        if out and e == out[-1][0] + out[-1][1]:
-            out[-1][1] += 1
-        else:
-            out.append([e, 1])
-    return [(a, b) for a, b in out]
 

@@ -136,7 +136,6 @@ def _walk(t, s: Session, rep: Counter) -> None:
 
 
 def recover(t, start_empty: bool):
-    from .region import _group, new_sid_base
     rep: Counter = Counter()
     a = t.config.alignment
     ck = newest_checkpoint(t, rep)
@@ -144,7 +143,7 @@ def recover(t, start_empty: bool):
     erase_slots(t, stale, rep)
     t.ckpt_seq, t.ckpt_gen = (ck.seq, ck.gen) if ck else (0, 0)
     t.gen = recs[-1].gen if recs else t.ckpt_gen
-    next_sid = ck.next_sid if ck else (t.fresh_sid or new_sid_base())
+    next_sid = ck.next_sid if ck else (t.fresh_sid or rm.new_sid_base())
     next_sid = max([next_sid] + [r.sid + 1 for r in recs]
                    + [c.sid + 1 for c in (ck.sessions if ck else [])])
     t.next_sid = next_sid
@@ -209,7 +208,7 @@ def recover(t, start_empty: bool):
         ends[sid] = (s.write_offset, limit)
         count_session(rep, s)
     for sid, ex in t._extents.items():
-        for start, count in _group(ex):
+        for start, count in rm.runs(ex):
             if not t.alloc.take_at(start, count):
                 raise StoreCorruptError(f"{t.path_}: extent run ({start}, {count}) owned twice")
     t.loaded = True
