@@ -39,12 +39,12 @@ from .index import KeyIndex, key_digest, key_digests
 from .io import make_engine
 from .layout import KVLayout, SegmentGeometry
 from .placement import Placement, Rule, WriteSignals, place
-from .planner import ReadPlan, SegmentRead, empty_plan, plan_reads
+from .read.planner import ReadPlan, SegmentRead, empty_plan, plan_reads
 from .private_fs import open_file, private_dir
-from .read_lease import ReadLease
+from .read.read_lease import ReadLease
 from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest,
                        probe_session_files, read_json, store_manifest)
-from .restore import VectoredReader
+from .read.restore import VectoredReader
 from .sessions import Segment, Session
 from .store_checks import check_label, check_out, check_unique, repeated
 from .tiers.memory import HostArena
@@ -619,7 +619,7 @@ class FlatCakeStore:
         ``dest_k``/``dest_v`` are per-layer device (or CPU) buffers shaped like SGLang's
         pools; see ``to_slots.restore_through_window`` for the contract.
         """
-        from .to_slots import restore_through_window
+        from .read.to_slots import restore_through_window
         self._check_open()
         return restore_through_window(self, keys, dest_k, dest_v, slot_indices, window=window,
                                       order=order)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import xxhash
 
-from sglang_flatcake import checksum as ck
-from sglang_flatcake import device as dv
+from sglang_flatcake.read import checksum as ck
+from sglang_flatcake.read import device as dv
 
 # every XXH3 size class and its edges: 0, 1-3, 4-8, 9-16, 17-128, 129-240, > 240 (long:
 # partial stripes, whole 1024-byte blocks, block + 1, and a real 64-token bf16 page part)

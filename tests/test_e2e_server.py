@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("sglang.srt.server_args")
 pytest.importorskip("transformers")
 
-from sglang_flatcake.sglang.server import ServerProcess, cpu_server_args  # noqa: E402
-from sglang_flatcake.sglang.tiny_model import build_tiny_llama  # noqa: E402
+from sglang_flatcake.commands.server import ServerProcess, cpu_server_args  # noqa: E402
+from sglang_flatcake.commands.tiny_model import build_tiny_llama  # noqa: E402
 from sglang_flatcake.store import FlatCakeStore  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -199,7 +199,7 @@ def flatcake_demo(*args, timeout=1800):
 
 def test_demo_serves_every_request_of_the_slice(tmp_path):
     """The README's command: every request of the bundled slice is served, counted from answers."""
-    from sglang_flatcake.sglang.trace_slice import SLICE
+    from sglang_flatcake.commands.trace_slice import SLICE
     rows = [json.loads(x) for x in open(SLICE)]
     out = tmp_path / "demo.json"
     r = flatcake_demo("--passes", "1", "--json", str(out), "--store-dir", str(tmp_path / "store"))
@@ -230,7 +230,7 @@ def test_demo_prints_the_servers_one_line_error(tmp_path):
 
 
 def backuped_tokens(server) -> int:
-    from sglang_flatcake.demo import backup_tokens
+    from sglang_flatcake.commands.demo import backup_tokens
     return backup_tokens(server)
 
 
@@ -259,7 +259,7 @@ def test_restored_pages_are_not_backed_up_again(model, tmp_path):
 
 def test_demo_compare_rows_per_backend_at_small_scale(tmp_path):
     """``flatcake demo --compare`` on none, file, mooncake (when installed) and flatcake."""
-    from sglang_flatcake.sglang.peers import mooncake_missing
+    from sglang_flatcake.commands.peers import mooncake_missing
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     r = flatcake_demo("--compare", "--num-requests", "4", "--passes", "2", "--json", str(out),
                       "--plot", str(png), timeout=2400)

@@ -370,7 +370,7 @@ def test_block_device_round_trip_and_recovery(tmp_path, layout):
 def test_inspect_reads_a_region_and_verify_finds_flipped_bytes(tmp_path, layout, capsys):
     import json
 
-    from sglang_flatcake.inspect_store import run
+    from sglang_flatcake.commands.inspect_store import run
     region = tmp_path / "region.bin"
     k1 = chain(5, "a")
     k2 = extend(k1, 30, "b")

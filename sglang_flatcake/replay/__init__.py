@@ -20,7 +20,7 @@ Structure:
                 single-queue ablation),
                 tiered.py (tiered-lru, mooncake-fifo, memory-only),
                 ssd_tiers.py (slot file, Mooncake buckets), sglang_file.py
-  policy.py     scheduler policies: FCFS, FlatCake's two queues (``queues.py``)
+  policy.py     scheduler policies: FCFS, FlatCake's two queues (``sched/queues.py``)
   replayer.py   one replay: arrivals, restores, prefills, writes, refcounts
   metrics.py    the paper's metrics per system and rate
   report.py     table, JSON, PNG

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..config import FlatCakeConfig
 from ..errors import FlatCakeError
-from ..queues import AGING
+from ..sched.queues import AGING
 from . import flags
 from .clock import EventLoop, SharedDisk
 from .metrics import infinite_cache_hits, summarize

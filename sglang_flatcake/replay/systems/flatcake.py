@@ -9,7 +9,7 @@ import numpy as np
 
 from ...config import FlatCakeConfig
 from ...errors import IOEngineError
-from ...read_lease import ReadLease
+from ...read.read_lease import ReadLease
 from ...store import FlatCakeStore
 from ..flags import SCALED
 from .base import DataPool, RequestState, System, SystemContext

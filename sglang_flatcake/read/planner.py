@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .io.base import ReadCommand
-from .layout import SegmentGeometry
+from ..io.base import ReadCommand
+from ..layout import SegmentGeometry
 
 
 @dataclass(frozen=True)

@@ -106,8 +106,8 @@ def flush(server, timeout: float = 120) -> None:
 
 
 def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=None) -> list[str]:
-    from .sglang.peers import backend_extra_config, extra_config_flag
-    from .sglang.server import cpu_server_args
+    from .peers import backend_extra_config, extra_config_flag
+    from .server import cpu_server_args
     cfg = backend_extra_config(backend, str(store), mooncake_port)
     if args.model_path:
         out = ["--model-path", model, "--enable-cache-report", "--page-size", str(args.page_size)]
@@ -125,9 +125,9 @@ def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=N
 
 def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
     """Start one server for ``backend``, replay ``--passes`` times, stop it; one row."""
-    from .sglang.peers import MooncakeMaster
-    from .sglang.replay_client import replay, summarize
-    from .sglang.server import ServerProcess
+    from .peers import MooncakeMaster
+    from .replay_client import replay, summarize
+    from .server import ServerProcess
 
     store = Path(args.store_dir) / backend if args.store_dir and args.compare else \
         Path(args.store_dir) if args.store_dir else work / f"store-{backend}"
@@ -189,9 +189,9 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from .sglang.peers import BACKENDS, mooncake_missing
-    from .sglang.replay_client import load_trace
-    from .sglang.trace_slice import SLICE
+    from .peers import BACKENDS, mooncake_missing
+    from .replay_client import load_trace
+    from .trace_slice import SLICE
 
     work = Path(tempfile.mkdtemp(prefix="flatcake-demo-"))
     trace = Path(args.trace) if args.trace else SLICE
@@ -203,7 +203,7 @@ def _run(args) -> int:
         if need + 6 > args.max_total_tokens:       # SGLang keeps 5 tokens of the pool back
             raise DemoFailure(f"the longest request of {trace.name} needs {need} tokens but "
                               f"--max-total-tokens is {args.max_total_tokens}; raise it")
-        from .sglang.tiny_model import build_tiny_llama
+        from .tiny_model import build_tiny_llama
         ctx = max(16384, 1 << (need + 6 - 1).bit_length())
         print(f"[demo] building a tiny random Llama (no download, context {ctx}) ...",
               file=sys.stderr)

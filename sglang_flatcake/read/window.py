@@ -36,8 +36,8 @@ import numpy as np
 
 from . import checksum
 from . import device as dv
-from .io.base import IOEngine, ReadCommand
-from .layout import align_down, align_up
+from ..io.base import IOEngine, ReadCommand
+from ..layout import align_down, align_up
 from .planner import ReadPlan
 
 ScatterFn = Callable[..., object]
