@@ -20,9 +20,10 @@ from .config import FlatCakeConfig
 from .errors import FlatCakeError, LayoutMismatchError, UnsafeStoreError
 from .layout import KVLayout
 from .private_fs import open_file, private_dir
-from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest,
-                       probe_session_files, read_json, store_manifest)
+from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, read_json,
+                       store_manifest)
 from .tiers.ssd import SessionFiles
+from .tiers.ssd_recovery import probe_session_files
 
 log = logging.getLogger("sglang_flatcake")
 

@@ -117,8 +117,5 @@ def _put_placed(st, s: Session, dig: np.ndarray, blocks: np.ndarray,
             st.counters["memory_blocks_written"] += len(mem_idx)
         stored = (seg.n_blocks if seg is not None else 0) + len(mem_idx)
         if stored:
-            s.note_write(stored)
-            s.n_blocks += stored
-            s.tail = (int(dig[keep - 1, 0]), int(dig[keep - 1, 1]))
-            s.last_used = time.time()
+            s.record_write(stored, dig[keep - 1], time.time())
     return PutResult(stored, existing, n - stored, s.sid, placements, error)

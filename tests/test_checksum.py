@@ -137,7 +137,7 @@ def test_cuda_source_flags_a_flipped_byte_and_strides_over_pieces(cu_on_cpu):
 
 
 def test_host_checksums_are_the_write_sides():
-    from sglang_flatcake.recovery import block_checksums
+    from sglang_flatcake.segment import block_checksums
     sec = np.random.default_rng(1).integers(0, 256, (3, 4, 100), dtype=np.uint8)
     sums = block_checksums(sec)
     assert sums.shape == (3, 4)

@@ -40,17 +40,18 @@ from ..errors import (ConfigError, FlatCakeError, IOEngineError, LayoutMismatchE
 from ..io.base import ReadCommand
 from ..layout import SegmentGeometry
 from ..recovery import check_store_manifest, store_manifest
+from ..segment import write_segment_at
 from ..sessions import Segment, Session
 from . import region_meta as rm
+from .base import ExtentMap, SSDTier
 from .extents import ExtentAllocator
 from .medium import open_medium
 from .region_recovery import recover
-from .ssd import write_segment_at
 
 log = logging.getLogger("sglang_flatcake")
 
 
-class RegionFiles:
+class RegionFiles(SSDTier):
     def __init__(self, config, layout, engine, read_only: bool = False,
                  max_step_bytes: int = 256 << 20) -> None:
         self.config, self.layout, self.engine, self.read_only = config, layout, engine, read_only
@@ -71,8 +72,7 @@ class RegionFiles:
         self.max_step_bytes = max(max_step_bytes, self.extent_bytes)
         self.capacity_bytes = self.geo.n_extents * self.extent_bytes
         self.alloc = ExtentAllocator(self.geo.n_extents)
-        self._extents: dict[int, list[int]] = {}          # sid -> physical extents, in order
-        self._owner: dict[int, tuple[int, int]] = {}      # extent -> (sid, logical index)
+        self.map = ExtentMap(self.extent_bytes)           # sid -> physical extents, in order
         self._lineage: dict[int, Session] = {}            # sid -> session, for journal records
         self.used_bytes = 0
         self.gen = self.ckpt_gen = self.ckpt_seq = 0
@@ -170,12 +170,9 @@ class RegionFiles:
     def path(self, sid: int) -> str:
         return self.path_
 
-    def file_bytes(self, sid: int) -> int:
-        return len(self._extents.get(sid, ())) * self.extent_bytes
-
     def _runs(self, sid: int) -> list[tuple[int, int]]:
         """(logical start byte, logical end byte) of each physically contiguous run."""
-        ex, out, E = self._extents.get(sid, []), [], self.extent_bytes
+        ex, out, E = self.map.extents(sid), [], self.extent_bytes
         for i, e in enumerate(ex):
             if i and e == ex[i - 1] + 1:
                 out[-1] = (out[-1][0], (i + 1) * E)
@@ -185,15 +182,6 @@ class RegionFiles:
 
     def io_at(self, sid: int, offset: int) -> tuple[str, int]:
         return self.path_, self.geo.data_off + self.address(sid, offset)
-
-    def address(self, sid: int, offset: int) -> int:
-        i, r = divmod(offset, self.extent_bytes)
-        return self._extents[sid][i] * self.extent_bytes + r
-
-    def locate(self, flat_offset: int) -> tuple[int, int]:
-        e, r = divmod(flat_offset, self.extent_bytes)
-        sid, i = self._owner[e]
-        return sid, i * self.extent_bytes + r
 
     # ---------------------------------------------------------------- allocation
     def open_session(self, s: Session, fsync: bool) -> None:
@@ -213,7 +201,7 @@ class RegionFiles:
         for a, b in runs:
             if max(offset, a) + nbytes <= b:
                 return max(offset, a)
-        ex = self._extents.get(sid, [])
+        ex = self.map.extents(sid)
         have = len(ex)
         step = max(1, min(have, self.max_step_bytes // E))           # geometric growth
         if ex:                                                        # extend the last run
@@ -237,28 +225,31 @@ class RegionFiles:
         return self.used_bytes + count * self.extent_bytes <= self.capacity_bytes
 
     def _add_run(self, sid: int, start: int, count: int) -> None:
-        ex = self._extents.setdefault(sid, [])
         s = self._lineage.get(sid)
-        rec = rm.JournalRecord(self.gen + 1, rm.ALLOC, sid, start, count, len(ex),
+        rec = rm.JournalRecord(self.gen + 1, rm.ALLOC, sid, start, count, self.map.count(sid),
                                s.parent if s else None, s.parent_blocks if s else 0,
                                s.created if s else 0.0, s.label if s else "")
         try:
             self._journal(rec, sync=self.durable)
         except BaseException as e:         # whatever failed, the run goes back
             self.alloc.give(start, count)
-            if not ex:
-                del self._extents[sid]
             if isinstance(e, (IOEngineError, FlatCakeError)):
                 raise NotStoredError(f"cannot record an extent run in {self.path_}: {e}") from None
             raise
-        self._map(sid, start, count)
+        self.map_run(sid, start, count)
 
-    def _map(self, sid: int, start: int, count: int) -> None:
-        ex = self._extents.setdefault(sid, [])
-        for e in range(start, start + count):
-            self._owner[e] = (sid, len(ex))
-            ex.append(e)
+    def map_run(self, sid: int, start: int, count: int) -> None:
+        """Give extents ``[start, start+count)`` to the session, after its others (recovery
+        and allocation); ``ValueError`` when one is owned already."""
+        self.map.add(sid, range(start, start + count))
         self.used_bytes += count * self.extent_bytes
+
+    def unmap(self, sid: int, index: int = 0) -> list[int]:
+        """Take the session's extents from logical ``index`` on away from it (recovery: a
+        newer run took them; ``release``: all); returns them."""
+        gone = self.map.cut(sid, index) if index else self.map.drop(sid)
+        self.used_bytes -= len(gone) * self.extent_bytes
+        return gone
 
     def _journal(self, rec: rm.JournalRecord, sync: bool) -> None:
         if rec.gen - self.ckpt_gen > self.geo.journal_slots:
@@ -273,13 +264,10 @@ class RegionFiles:
 
     def release(self, sid: int) -> None:
         """Free the session's runs whole (a ``free`` record, not synced)."""
-        ex = self._extents.pop(sid, [])
+        ex = self.unmap(sid)
         self._lineage.pop(sid, None)
-        for e in ex:
-            del self._owner[e]
         for start, count in rm.runs(ex):
             self.alloc.give(start, count)
-        self.used_bytes -= len(ex) * self.extent_bytes
         if ex and not self.read_only and self.gen + 1 - self.ckpt_gen <= self.geo.journal_slots:
             self._journal(rm.JournalRecord(self.gen + 1, rm.FREE, sid), sync=False)
 
@@ -321,7 +309,7 @@ class RegionFiles:
             return
         by_sid = {s.sid: s for s in sessions}
         out = []
-        for sid, ex in self._extents.items():
+        for sid, ex in self.map.items():
             s = by_sid.get(sid) or self._lineage.get(sid)
             if s is None:
                 continue
