@@ -47,6 +47,7 @@ from .sessions import Segment, Session
 from .store_checks import as_blocks, check_label, check_out, check_signals, check_unique
 from .store_write import put_batch
 from .store_stats import store_stats
+from .tiers import open_tier
 from .tiers.memory import HostArena
 
 __all__ = ["FlatCakeStore", "GetResult", "Lineage", "PutResult"]
@@ -82,7 +83,7 @@ class FlatCakeStore:
         self.recovery_report: dict = {}
         self.reader = VectoredReader(self.engine, self.config.merge_gap_bytes)
         try:
-            self.ssd = opening.make_tier(self)
+            self.ssd = open_tier(self.config, layout, self.engine, self.root, read_only)
             self.table = SessionTable(self.index, self.arena, self.ssd, layout, self.config.node_id)
             self.reclaimer = Reclaimer(self.table, self.config, self._meta, self.counters)
             opening.check_manifest(self)

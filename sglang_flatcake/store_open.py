@@ -1,4 +1,4 @@
-"""Opening a store: the directory lock, the SSD tier, the manifest, recovery.
+"""Opening a store: the directory lock, the manifest, recovery.
 
 Called by ``FlatCakeStore.__init__`` only.  A refused start raises before the
 store answers a call, and the store's ``close()`` then releases what was taken.
@@ -12,17 +12,15 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 from .config import FlatCakeConfig
 from .errors import FlatCakeError, LayoutMismatchError, UnsafeStoreError
 from .layout import KVLayout
-from .private_fs import open_file, private_dir
+from .private_fs import open_file
 from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, read_json,
                        store_manifest)
-from .tiers.ssd import SessionFiles
 from .tiers.ssd_recovery import probe_session_files
 
 log = logging.getLogger("sglang_flatcake")
@@ -44,20 +42,11 @@ def take_lock(root: Path) -> int:
     return fd
 
 
-def make_tier(st):
-    """The SSD tier ``st.config`` asks for: session files under the root, or a region."""
-    if not st.config.ssd_path:
-        return SessionFiles(st.root, st.engine, st.config.extent_bytes,
-                            st.config.ssd_bytes, read_only=st.read_only)
-    from .tiers.region import RegionFiles   # checks the layout recorded on the medium
-    return RegionFiles(st.config, st.layout, st.engine, st.read_only)
-
-
 def check_manifest(st) -> None:
-    """Check (or write) ``flatcake.json`` against the store's layout; a region keeps its
-    layout on the medium, where ``RegionFiles`` checked it."""
+    """Check (or write) ``flatcake.json`` against the store's layout; a tier that keeps
+    the layout on its medium (a region) checked it when it opened."""
     mpath = st.root / STORE_MANIFEST
-    if st.config.ssd_path:
+    if st.ssd.keeps_layout:
         return
     if mpath.exists():
         try:
@@ -66,8 +55,7 @@ def check_manifest(st) -> None:
             if st.read_only or st.config.on_layout_mismatch != "reset":
                 raise
             log.warning("store %s: layout mismatch, resetting it empty as asked", st.root)
-            shutil.rmtree(st.root / "sessions", ignore_errors=True)
-            private_dir(st.ssd.dir)
+            st.ssd.reset()
             atomic_write_json(mpath, store_manifest(st.layout, st.config.alignment))
     elif not st.read_only:
         _check_orphan_sessions(st)

@@ -111,6 +111,7 @@ class SSDTier(ABC):
     used_bytes: int
     next_sid: int
     map: ExtentMap
+    keeps_layout = False          # True: the medium records the layout (no flatcake.json)
 
     # -- addresses (shared) ------------------------------------------------------------
     def file_bytes(self, sid: int) -> int:
@@ -177,6 +178,11 @@ class SSDTier(ABC):
     def zero_at(self, sid: int, offset: int, nbytes: int) -> None:
         """Overwrite a torn header at ``offset`` so a later scan cannot misread it; a no-op
         outside the session's space."""
+
+    def reset(self) -> None:
+        """Forget everything on the medium (a layout mismatch with ``reset``), before
+        ``load``.  ``NotImplementedError`` for a medium that records its layout itself."""
+        raise NotImplementedError(f"{type(self).__name__} resets through its own layout check")
 
     @abstractmethod
     def cleanup(self, known: set[int], rep) -> None:

@@ -52,6 +52,8 @@ log = logging.getLogger("sglang_flatcake")
 
 
 class RegionFiles(SSDTier):
+    keeps_layout = True           # in the superblock, checked (or reset) when it opens
+
     def __init__(self, config, layout, engine, read_only: bool = False,
                  max_step_bytes: int = 256 << 20) -> None:
         self.config, self.layout, self.engine, self.read_only = config, layout, engine, read_only

@@ -17,6 +17,7 @@ import errno
 import heapq
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,10 @@ class SessionFiles(SSDTier):
             what = "disk full" if e.errno == errno.ENOSPC else "cannot write"
             raise NotStoredError(f"{what}: session manifest {self.manifest_path(s.sid)}: "
                                  f"{e.strerror or e}") from None
+
+    def reset(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = private_dir(self.dir)
 
     def growth(self, sid: int, offset: int, nbytes: int) -> int:
         """Bytes of new space a segment of ``nbytes`` at ``offset`` needs (at least)."""
