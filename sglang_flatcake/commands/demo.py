@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from .demo_report import print_flatcake_counters, print_table, plot
+from .processes import wait_until
 
 ROW_KEYS = ("requests_sent", "requests_served", "output_tokens", "device_tokens", "host_tokens",
             "storage_tokens", "backup_tokens", "ttft_s_mean", "ttft_s_p99", "wall_s")
@@ -92,17 +93,21 @@ def backup_tokens(server, settle_s: float = 3.0, timeout: float = 120.0) -> int:
 
 
 def flush(server, timeout: float = 120) -> None:
-    """POST /flush_cache until SGLang accepts it (it refuses while work is in flight)."""
-    deadline = time.time() + timeout
-    while True:
+    """POST /flush_cache until SGLang accepts it (it refuses, HTTP 400, while work is in
+    flight); ``DemoFailure`` after ``timeout`` seconds or on any other answer."""
+    def accepted() -> bool:
         req = urllib.request.Request(server.url + "/flush_cache", data=b"", method="POST")
         try:
             with urllib.request.urlopen(req, timeout=120):
-                return
+                return True
         except urllib.error.HTTPError as e:
-            if e.code != 400 or time.time() > deadline:
-                raise DemoFailure(f"/flush_cache refused for {timeout}s: HTTP {e.code}") from None
-        time.sleep(1)
+            if e.code != 400:
+                raise DemoFailure(f"/flush_cache answered HTTP {e.code}") from None
+            return False
+    try:
+        wait_until(accepted, timeout, "SGLang to accept /flush_cache", every=1.0)
+    except TimeoutError:
+        raise DemoFailure(f"/flush_cache refused for {timeout}s: HTTP 400") from None
 
 
 def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=None) -> list[str]:

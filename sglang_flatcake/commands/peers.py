@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from .processes import stop_group, wait_until
 
 BACKENDS = ("none", "file", "mooncake", "flatcake")
 
@@ -66,30 +65,25 @@ class MooncakeMaster:
         self.proc = subprocess.Popen(["mooncake_master", "--rpc_address=127.0.0.1",
                                       f"--rpc_port={self.port}"], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+
+        def listening() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}; "
                                    f"log: {self.log_path}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self
+                    return True
             except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"mooncake_master not listening on {self.port} after {timeout}s")
+                return False             # not listening yet
+        try:
+            wait_until(listening, timeout, f"mooncake_master to listen on {self.port}", 0.2)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, grace=20)
 
     def __enter__(self) -> "MooncakeMaster":
         return self.start()

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from .processes import stop_group, wait_until
 
 
 def free_port() -> int:
@@ -66,21 +66,23 @@ class ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *self.args],
                                      stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+
+        def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} while starting: "
                                    f"{self.failure_line()} (log: {self.log_path})")
             try:
                 with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as r:
-                    if r.status == 200:
-                        return self
+                    return r.status == 200
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(1)
-        self.stop()
-        raise TimeoutError(f"server not healthy after {timeout}s: {self.failure_line()} "
-                           f"(log: {self.log_path})")
+                return False             # not listening yet
+        try:
+            wait_until(healthy, timeout, "the server to answer /health_generate", every=1.0)
+        except TimeoutError:
+            self.stop()
+            raise TimeoutError(f"server not healthy after {timeout}s: {self.failure_line()} "
+                               f"(log: {self.log_path})") from None
+        return self
 
     def tail(self, n: int = 4000) -> str:
         if not self.log_path or not Path(self.log_path).exists():
@@ -111,17 +113,7 @@ class ServerProcess:
             return r.read().decode()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=30)
+        stop_group(self.proc, grace=60)
 
     def __enter__(self) -> "ServerProcess":
         return self.start()

@@ -216,9 +216,12 @@ class DirectRestorer:
         flow.start = start
 
     def submit(self, flow: Flow) -> None:
-        """Start the restore of an allocated flow on the worker thread."""
+        """Start the restore of an allocated flow on the worker thread (logged: tests and
+        operators order on this line)."""
         flow.state = "running"
         flow.started_at = time.monotonic()
+        log.info("flatcake: restoring %s: %d tokens from %d (%.1f MiB from SSD)", flow.rid,
+                 flow.tokens, flow.start, flow.ssd_bytes / (1 << 20))
         store = self.backend.store
         slots = flow.slots.cpu().numpy() if hasattr(flow.slots, "cpu") else np.asarray(flow.slots)
         delay = self.delay * flow.ssd_bytes / (1 << 20)
