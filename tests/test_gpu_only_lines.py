@@ -24,7 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ALLOW = Path(__file__).with_name("gpu_only_lines.txt")
 MAX_LINES = 40
-READ_PATH = ["sglang_flatcake/read/window.py", "sglang_flatcake/read/to_slots.py",
+READ_PATH = ["sglang_flatcake/read/window.py", "sglang_flatcake/read/fills.py",
+             "sglang_flatcake/read/to_slots.py",
              "sglang_flatcake/read/scatter.py", "sglang_flatcake/read/checksum.py",
              "sglang_flatcake/read/device.py", "sglang_flatcake/read/read_lease.py",
              "sglang_flatcake/sglang/direct.py"]
