@@ -30,7 +30,8 @@ from . import address as addr
 from . import store_open as opening
 from .config import FlatCakeConfig
 from .errors import FlatCakeError, IOEngineError, NotStoredError, StoreClosedError
-from .index import KeyIndex, key_digest, key_digests
+from .index import KeyIndex
+from .keys import key_digest, key_digests
 from .io import make_engine
 from .layout import KVLayout, SegmentGeometry
 from .placement import WriteSignals

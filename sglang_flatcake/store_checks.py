@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .index import key_digests
+from .keys import key_digests
 from .placement import WriteSignals
 from .tiers.region_meta import LABEL_MAX
 

@@ -21,7 +21,7 @@ from .layout import KVLayout
 from .private_fs import open_file
 from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, read_json,
                        store_manifest)
-from .tiers.ssd_recovery import probe_session_files
+from .tiers.ssd_recovery import check_orphan_files
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -58,22 +58,9 @@ def check_manifest(st) -> None:
             st.ssd.reset()
             atomic_write_json(mpath, store_manifest(st.layout, st.config.alignment))
     elif not st.read_only:
-        _check_orphan_sessions(st)
+        check_orphan_files(st.ssd.dir, st.layout, st.config.alignment, st.root,
+                           st.config.on_layout_mismatch == "reset")
         atomic_write_json(mpath, store_manifest(st.layout, st.config.alignment))
-
-
-def _check_orphan_sessions(st) -> None:
-    """``flatcake.json`` is missing: session files of this layout adopt it (rewritten);
-    files of another layout refuse the start (or, with ``reset``, are deleted)."""
-    ours, foreign = probe_session_files(st.ssd.dir, st.layout, st.config.alignment)
-    if foreign and st.config.on_layout_mismatch != "reset":
-        raise LayoutMismatchError(
-            f"store {st.root} has no {STORE_MANIFEST} but {foreign} session files whose "
-            "segments were written with another layout; restore the manifest, point the "
-            "store at another directory, or start it with on_layout_mismatch=reset")
-    if foreign or ours:
-        log.warning("store %s: %s was missing; %d session files of this layout kept, %d of "
-                    "another layout deleted", st.root, STORE_MANIFEST, ours, foreign)
 
 
 def recover(st) -> dict:

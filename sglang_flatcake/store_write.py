@@ -1,12 +1,11 @@
 """The write path of ``FlatCakeStore.put``: placement, then one segment and memory slots.
 
-``put_new(st, s, dig, blocks, sigs, existing)`` stores the new blocks ``dig`` of
-one batch in session ``s`` (which the caller pinned): each block is placed
-(``placement.place``); the SSD ones go into one layer-major segment at the
-session's end (``st._write_segment``), the memory ones into arena slots reserved
-before any I/O.  A full disk or capacity (``NotStoredError``) truncates the batch
-at its first SSD block: what comes before is kept, the rest is ``failed``, and
-reserved slots the batch did not use are freed.  Never raises for capacity.
+``put_new(st, s, dig, blocks, sigs, existing)`` stores the new blocks ``dig`` of one batch
+in session ``s`` (pinned by the caller): each block is placed (``placement.place``); the
+SSD ones go into one layer-major segment at the session's end (``st._write_segment``),
+the memory ones into arena slots reserved before any I/O.  A full disk or capacity
+(``NotStoredError``) truncates the batch at its first SSD block: what comes before is
+kept, the rest is ``failed``, unused reserved slots are freed.  Never raises for capacity.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import numpy as np
 
 from .address import Medium
 from .errors import NotStoredError
-from .index import key_digest
+from .keys import key_digest
 from .placement import Placement, WriteSignals, place
 from .results import PutResult
 from .sessions import Session

@@ -14,7 +14,7 @@ import pytest
 from conftest import blocks_for, chain
 from sglang_flatcake.config import FlatCakeConfig
 from sglang_flatcake.errors import NotStoredError
-from sglang_flatcake.index import key_digests
+from sglang_flatcake.keys import key_digests
 from sglang_flatcake.io import make_engine
 from sglang_flatcake.layout import SegmentGeometry
 from sglang_flatcake.sessions import Session

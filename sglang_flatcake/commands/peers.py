@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 from .processes import stop_group, wait_until
+from .server import free_port
 
 BACKENDS = ("none", "file", "mooncake", "flatcake")
 
@@ -56,7 +57,7 @@ class MooncakeMaster:
     """A ``mooncake_master`` on 127.0.0.1 for one server; stopped on exit."""
 
     def __init__(self, log_path: str | Path, port: int | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.log_path = str(log_path)
         self.proc: subprocess.Popen | None = None
 
@@ -90,12 +91,6 @@ class MooncakeMaster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def extra_config_flag(cfg: dict | None) -> list[str]:

@@ -1,9 +1,8 @@
 """Start and stop a real ``sglang.launch_server`` with flatcake, for the demo, benchmarks and tests.
 
 ``ServerProcess`` launches the server in its own process group, waits for
-``/health_generate``, and kills the whole group on ``stop()``.  The arguments
-for a CPU server follow shared notes: ``--device cpu --model-impl
-transformers`` with a capped ``--max-total-tokens``.
+``/health_generate``, and kills the whole group on ``stop()``.  A CPU server runs with
+``--device cpu --model-impl transformers`` and a capped ``--max-total-tokens``.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ def free_port() -> int:
 
 def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: str = "flatcake",
                     max_total_tokens: int = 8192, hicache_ratio: float = 2.0,
-                    extra: list[str] | None = None,
-                    extra_config: dict | None = None) -> list[str]:
+                    extra: list[str] | None = None, extra_config: dict | None = None) -> list[str]:
     """Arguments for a CPU HiCache server with ``backend`` as the storage tier.
 
     ``extra_config`` is the backend's ``--hicache-storage-backend-extra-config``

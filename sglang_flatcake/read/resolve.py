@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import address as addr
 from ..address import Medium
-from ..index import key_digests
+from ..keys import key_digests
 from ..sessions import Segment
 from .planner import SegmentRead
 

@@ -7,16 +7,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from pathlib import Path
 
-from ..errors import FlatCakeError
+from ..errors import FlatCakeError, LayoutMismatchError
 from ..layout import KVLayout, SegmentGeometry
-from ..recovery import read_json
+from ..recovery import STORE_MANIFEST, read_json
 from ..segment import decode_header, header_size_from_prefix, scan_segments
 from ..sessions import Segment, Session
 from .base import count_session
+
+log = logging.getLogger("sglang_flatcake")
 
 
 def load_sessions(ssd, layout: KVLayout, alignment: int):
@@ -80,3 +83,19 @@ def probe_session_files(sdir: Path, layout: KVLayout, alignment: int) -> tuple[i
         else:
             foreign += 1
     return ours, foreign
+
+
+def check_orphan_files(sdir: Path, layout: KVLayout, alignment: int, root: Path,
+                       reset: bool) -> None:
+    """``flatcake.json`` is missing: session files of this layout adopt it (the caller
+    rewrites it); files of another layout refuse the start (``LayoutMismatchError``) or,
+    with ``reset``, are left for recovery to delete."""
+    ours, foreign = probe_session_files(sdir, layout, alignment)
+    if foreign and not reset:
+        raise LayoutMismatchError(
+            f"store {root} has no {STORE_MANIFEST} but {foreign} session files whose "
+            "segments were written with another layout; restore the manifest, point the "
+            "store at another directory, or start it with on_layout_mismatch=reset")
+    if foreign or ours:
+        log.warning("store %s: %s was missing; %d session files of this layout kept, %d of "
+                    "another layout deleted", root, STORE_MANIFEST, ours, foreign)
