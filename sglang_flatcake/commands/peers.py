@@ -16,7 +16,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from .processes import stop_group, wait_until
+from .processes import Managed, wait_until
 from .server import free_port
 
 BACKENDS = ("none", "file", "mooncake", "flatcake")
@@ -53,8 +53,10 @@ def backend_extra_config(backend: str, store_dir: str, mooncake_port: int | None
     return None
 
 
-class MooncakeMaster:
+class MooncakeMaster(Managed):
     """A ``mooncake_master`` on 127.0.0.1 for one server; stopped on exit."""
+
+    grace = 20
 
     def __init__(self, log_path: str | Path, port: int | None = None) -> None:
         self.port = port or free_port()
@@ -83,14 +85,6 @@ class MooncakeMaster:
             raise
         return self
 
-    def stop(self) -> None:
-        stop_group(self.proc, grace=20)
-
-    def __enter__(self) -> "MooncakeMaster":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def extra_config_flag(cfg: dict | None) -> list[str]:

@@ -4,7 +4,8 @@
 returns that), or raises ``TimeoutError`` naming ``what``; a ``cond`` that raises stops
 the wait with its error.  ``stop_group(proc, grace)`` ends a process started with
 ``start_new_session=True``: SIGTERM to its group, SIGKILL after ``grace`` seconds; a
-no-op when it has exited.
+no-op when it has exited.  ``Managed`` gives a helper process class (``start`` returning
+itself, ``proc``, ``grace``) its ``stop`` and the ``with`` protocol.
 """
 
 from __future__ import annotations
@@ -40,3 +41,20 @@ def stop_group(proc: subprocess.Popen | None, grace: float) -> None:
         proc.wait(timeout=30)
     except ProcessLookupError:
         return                           # it ended before the first one
+
+
+class Managed:
+    proc: subprocess.Popen | None = None
+    grace: float = 60.0
+
+    def start(self):
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        stop_group(self.proc, self.grace)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .processes import stop_group, wait_until
+from .processes import Managed, wait_until
 
 
 def free_port() -> int:
@@ -49,7 +49,7 @@ def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: st
     return args + list(extra or [])
 
 
-class ServerProcess:
+class ServerProcess(Managed):
     def __init__(self, args: list[str], port: int | None = None, log_path: str | None = None,
                  env: dict | None = None) -> None:
         self.port = port or free_port()
@@ -109,12 +109,3 @@ class ServerProcess:
     def get(self, path: str, timeout: float = 60) -> str:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
             return r.read().decode()
-
-    def stop(self) -> None:
-        stop_group(self.proc, grace=60)
-
-    def __enter__(self) -> "ServerProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

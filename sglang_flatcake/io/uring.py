@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import ConfigError, IOEngineError
 from ..layout import align_down, align_up
 from .base import (O_DIRECT, FileTable, IOEngine, ReadCommand, aligned_empty, check_commands,
-                   datasync, fallocate_to)
+                   command_views, datasync, fallocate_to)
 from .uring_buffers import BufferTable
 from .uring_ops import UringHandle, _Op
 from .uring_sys import (_CQE, _ENTER, _GETEVENTS, _READ, _READ_FIXED, _READV, _RETRY, _SQE,
@@ -192,15 +192,7 @@ class UringEngine(IOEngine):
         check_commands(commands, targets, self.alignment)
         items = []
         for cmd, target in zip(commands, targets):
-            if isinstance(target, np.ndarray):
-                if target.nbytes < cmd.length:
-                    raise ValueError(f"read: buffer of {target.nbytes} bytes for {cmd.length}")
-                views = [self._flat(target)[:cmd.length]]
-            else:
-                views = [self._flat(v) for v in target]
-                if sum(v.nbytes for v in views) != cmd.length:
-                    raise ValueError(f"read: scatter list of {sum(v.nbytes for v in views)} bytes "
-                                     f"for a command of {cmd.length}")
+            views = command_views(cmd, target, self._flat)
             items.append((cmd.path, self._fd(cmd.path), cmd.offset, views))
         self._count("read_commands", len(commands))
         self._count("bytes_read", sum(c.length for c in commands))
