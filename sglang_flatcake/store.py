@@ -144,7 +144,7 @@ class FlatCakeStore:
             raise FlatCakeError("store is open read-only")
         check_label(label)
         n = len(keys)
-        blocks = self._as_blocks(blocks, n)
+        blocks = as_blocks(self.layout, blocks, n)
         if n == 0:
             return PutResult(0, 0, 0, None)
         sigs = check_signals(signals, n)
@@ -166,9 +166,6 @@ class FlatCakeStore:
             off = self.ssd.ensure(s.sid, off, geo.total_bytes)   # NotStoredError if still full
         return self.ssd.write_segment(s.sid, off, geo, dig, blocks, s.next_seq, turn, first_pos,
                                       self.config.durable)
-
-    def _as_blocks(self, blocks: np.ndarray, n: int) -> np.ndarray:
-        return as_blocks(self.layout, blocks, n)
 
     def exists(self, keys: Sequence[str]) -> int:
         """Length of the leading run of ``keys`` that are stored."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import IOEngineError
 from ..results import GetResult
-from ..store_checks import repeated
+from ..store_checks import as_blocks, repeated
 from .promote import promote_shared
 
 log = logging.getLogger("sglang_flatcake")
@@ -28,7 +28,7 @@ def get(st, keys: Sequence[str], out: np.ndarray) -> GetResult:
     if again is not None:
         return _get_repeated(st, keys, again, out)
     n_keys = len(keys)
-    out = st._as_blocks(out, n_keys) if n_keys else out
+    out = as_blocks(st.layout, out, n_keys) if n_keys else out
     with st.read_lease(keys) as lease:
         bad = np.zeros(lease.n, dtype=bool)
         lease.copy_memory(out)
@@ -51,7 +51,7 @@ def get(st, keys: Sequence[str], out: np.ndarray) -> GetResult:
 
 def _get_repeated(st, keys: Sequence[str], again, out: np.ndarray) -> GetResult:
     distinct, pos = again
-    out = st._as_blocks(out, len(keys))
+    out = as_blocks(st.layout, out, len(keys))
     tmp = st.alloc_blocks(len(distinct))
     g = st.get(distinct, tmp)
     late = np.nonzero(pos >= g.hits)[0]
