@@ -50,15 +50,15 @@ except ImportError:
     sys.modules["xxhash"] = stub
     NOTES.append("xxhash missing: stubbed (parts 1-3 run; the read-path parts report errors)")
 
-from sglang_flatcake.bench_restore import drop_page_cache  # noqa: E402
+from sglang_flatcake.commands.bench_restore import drop_page_cache  # noqa: E402
 from sglang_flatcake.io.base import ReadCommand  # noqa: E402
 from sglang_flatcake.io.kvikio_engine import KvikioEngine, kvikio_usable  # noqa: E402
 from sglang_flatcake.io.posix import PosixEngine  # noqa: E402
 from sglang_flatcake.layout import KVLayout, SegmentGeometry  # noqa: E402
-from sglang_flatcake.planner import SegmentRead, plan_reads  # noqa: E402
-from sglang_flatcake.scatter import (cuda_launcher, prepare, scatter_layer,  # noqa: E402
+from sglang_flatcake.read.planner import SegmentRead, plan_reads  # noqa: E402
+from sglang_flatcake.read.scatter import (cuda_launcher, prepare, scatter_layer,  # noqa: E402
                                      scatter_reference)
-from sglang_flatcake.window import LayerWindow  # noqa: E402
+from sglang_flatcake.read.window import LayerWindow  # noqa: E402
 
 A = 4096
 TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
@@ -303,7 +303,7 @@ def main(argv=None) -> dict:
     if not cuda_ok:
         NOTES.append(f"GPU parts skipped: {why}")
     import gpu_read_path as rp
-    from sglang_flatcake import device as dv
+    from sglang_flatcake.read import device as dv
     dev = dv.CUDA if cuda_ok else (dv.EMULATED if a.emulate else None)
     work = a.dir or ROOT
     res["read_path_device"] = dev.name if dev is not None else None

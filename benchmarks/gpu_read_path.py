@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 import standin
-from sglang_flatcake import checksum as ck
-from sglang_flatcake import device as dv
+from sglang_flatcake.read import checksum as ck
+from sglang_flatcake.read import device as dv
 from sglang_flatcake.config import FlatCakeConfig
 from sglang_flatcake.layout import KVLayout
 from sglang_flatcake.placement import WriteSignals

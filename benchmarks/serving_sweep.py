@@ -26,12 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sglang_flatcake.demo import backup_tokens, flush
-from sglang_flatcake.sglang.peers import (MooncakeMaster, backend_extra_config, extra_config_flag,
+from sglang_flatcake.commands.demo import backup_tokens, flush
+from sglang_flatcake.commands.peers import (MooncakeMaster, backend_extra_config, extra_config_flag,
                                           mooncake_missing)
-from sglang_flatcake.sglang.replay_client import load_trace, replay
-from sglang_flatcake.sglang.server import ServerProcess, cpu_server_args
-from sglang_flatcake.sglang.trace_slice import SLICE
+from sglang_flatcake.commands.replay_client import load_trace, replay
+from sglang_flatcake.commands.server import ServerProcess, cpu_server_args
+from sglang_flatcake.commands.trace_slice import SLICE
 
 
 def trace_rate(path: Path, n: int | None) -> float:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.model_path:
         model = a.model_path
     else:
-        from sglang_flatcake.sglang.tiny_model import build_tiny_llama
+        from sglang_flatcake.commands.tiny_model import build_tiny_llama
         model = str(build_tiny_llama(work / "tiny-llama"))
     print(f"sweep config: {json.dumps({'backends': a.backends, 'rates': rates, 'trace': str(trace), 'trace_rate': round(base_rate, 4), 'model': model})}",
           file=sys.stderr)

@@ -31,14 +31,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sglang_flatcake.bench_restore import (block_data, chain_keys, drop_page_cache,  # noqa: E402
+from sglang_flatcake.commands.bench_restore import (block_data, chain_keys, drop_page_cache,  # noqa: E402
                                            add_session_arguments, raw_limit, write_raw_file,
                                            write_session)
 from sglang_flatcake.config import FlatCakeConfig  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
-from sglang_flatcake.scatter import warm_up  # noqa: E402
+from sglang_flatcake.read.scatter import warm_up  # noqa: E402
 from sglang_flatcake.store import FlatCakeStore  # noqa: E402
-from sglang_flatcake.window import LayerWindow, restore_through_window  # noqa: E402
+from sglang_flatcake.read.to_slots import restore_through_window  # noqa: E402
+from sglang_flatcake.read.window import LayerWindow  # noqa: E402
 
 TARGET = 0.85
 

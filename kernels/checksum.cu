@@ -1,7 +1,7 @@
 // XXH3-64 (seed 0, default secret) of each piece of a read window, one warp per piece.
 //
 // The same function as the write side (xxhash.xxh3_64 of each (layer, block) range,
-// sglang_flatcake/checksum.py), so a block read into a device window is verified where
+// sglang_flatcake/read/checksum.py), so a block read into a device window is verified where
 // it landed.  Compiled with NVRTC through CuPy; no headers.  tests/test_checksum.py runs
 // this file on the CPU (g++, every lane a thread, warp shuffles emulated) against the
 // xxhash library over a sweep of lengths (every XXH3 size class) and alignments.

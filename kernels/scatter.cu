@@ -1,6 +1,6 @@
 // Scatter one layer's pieces from a read window into SGLang's paged device KV buffers.
 //
-// Compiled with NVRTC through CuPy (sglang_flatcake/scatter.py caches the module per
+// Compiled with NVRTC through CuPy (sglang_flatcake/read/scatter.py caches the module per
 // device); no headers are needed.  Copying is dtype-agnostic: every kernel moves words of
 // one width (16, 8, 4, 2 or 1 bytes); the launcher picks the widest width that divides
 // every offset, size and base address, so any KV dtype works.

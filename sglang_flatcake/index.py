@@ -1,12 +1,8 @@
 """Compact hash index: block key -> opaque 64-bit address.
 
-Keys are reduced to a 128-bit fingerprint (``key_digest``): for a 64-char hex
-key (an SGLang page hash) the first 16 bytes of ``bytes.fromhex(key)`` -- hex
-is case-insensitive, so ``"AB.."`` and ``"ab.."`` are one key; any other ``str``
-uses ``blake2b(key.encode(), digest_size=16)`` (lone surrogates are encoded
-with ``surrogatepass`` rather than failing).  Two keys with equal fingerprints are
-the same key as far as the index is concerned (probability ~2**-128 per pair).
-A fingerprint is held as two little-endian uint64 words ``(d0, d1)``.
+Keys are reduced to a 128-bit fingerprint (``keys.key_digest``), held as two
+little-endian uint64 words ``(d0, d1)``; two keys with equal fingerprints are the same
+key as far as the index is concerned.
 
 Storage is open addressing with linear probing over two numpy arrays:
 ``keys`` (capacity, 2) uint64 and ``vals`` (capacity,) uint64, i.e. 24 bytes a
@@ -27,14 +23,15 @@ thread-safe: the caller must serialise every call (reads included) with a lock.
 
 from __future__ import annotations
 
-import hashlib
 import operator
 from typing import Sequence
 
 import numpy as np
 from numba import njit
 
-__all__ = ["KeyIndex", "key_digest", "key_digests"]
+from .keys import _digest_rows
+
+__all__ = ["KeyIndex"]
 
 _U64 = np.uint64
 _ZERO, _ONE, _TWO = _U64(0), _U64(1), _U64(2)
@@ -42,47 +39,6 @@ _K1 = _U64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier
 _K2 = _U64(0xC2B2AE3D27D4EB4F)
 _MIN_CAPACITY = 8
 _MAX_ADDRESS = 2**64
-
-
-def key_digest(key: str) -> bytes:
-    """The 16-byte fingerprint of one key (see the module docstring)."""
-    if not isinstance(key, str):
-        raise TypeError(f"key must be str, not {type(key).__name__}")
-    if len(key) == 64:
-        try:
-            raw = bytes.fromhex(key)
-        except ValueError:
-            raw = b""
-        if len(raw) == 32:  # whitespace would shorten it
-            return raw[:16]
-    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-def key_digests(keys: Sequence[str]) -> np.ndarray:
-    """Fingerprints of ``keys`` as a C-contiguous (n, 2) uint64 array.
-
-    Row i equals ``np.frombuffer(key_digest(keys[i]), '<u8')``.  All-hex batches
-    take one ``join`` + ``fromhex``; anything else falls back to per-key work.
-    """
-    rows = _digest_rows(keys)
-    return rows if rows.shape[1] == 2 else np.ascontiguousarray(rows[:, :2])
-
-
-def _digest_rows(keys: Sequence[str]) -> np.ndarray:
-    """C-contiguous (n, 2) or (n, 4) uint64 array whose first two columns are
-    the fingerprints (the kernels read only those); saves a strided copy."""
-    n = len(keys)
-    if n == 0:
-        return np.empty((0, 2), dtype=np.uint64)
-    try:
-        if set(map(len, keys)) == {64}:
-            raw = bytes.fromhex("".join(keys))
-            if len(raw) == 32 * n:  # whitespace would shorten it
-                return np.frombuffer(raw, "<u8").reshape(n, 4).copy()
-    except (ValueError, TypeError):
-        pass
-    raw = b"".join([key_digest(k) for k in keys])
-    return np.frombuffer(raw, "<u8").reshape(n, 2).copy()
 
 
 # ---------------------------------------------------------------- kernels

@@ -98,7 +98,7 @@ class KVLayout:
         return xxhash.xxh3_64_intdigest(json.dumps(self.to_dict(), sort_keys=True).encode())
 
 
-HEADER_FIXED_BYTES = 128  # see recovery.SegmentHeader
+HEADER_FIXED_BYTES = 128  # see segment.SegmentHeader
 
 
 def header_bytes(layout: KVLayout, n_blocks: int, alignment: int) -> int:

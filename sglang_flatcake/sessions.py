@@ -66,13 +66,17 @@ class Session:
     def lineage_end(self) -> int:
         return self.parent_blocks + self.n_blocks
 
-    def note_write(self, n_blocks: int) -> None:
-        """Count one stored write batch of ``n_blocks`` (odd-numbered ones are replies);
-        the writer and recovery both call it, so a restart keeps the same counts."""
+    def record_write(self, n_blocks: int, tail, when: float) -> None:
+        """Count one stored write batch of ``n_blocks`` ending with the block whose digest
+        is ``tail`` (odd-numbered batches are replies), used at ``when`` or later.  The
+        writer and both media's recovery call it, so a restart keeps the same counts."""
         if self.writes % 2 == 1:
             self.last_reply_blocks = n_blocks
         self.writes += 1
         self.last_write_blocks = n_blocks
+        self.n_blocks += n_blocks
+        self.tail = (int(tail[0]), int(tail[1]))
+        self.last_used = max(self.last_used, when)
 
     def add_segment(self, seg: Segment) -> None:
         self.segments.append(seg)

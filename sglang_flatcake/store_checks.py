@@ -11,6 +11,9 @@
   128-bit digests, so two spellings of one key (hex in either case) count as one.
 - ``check_out(out)``: ``get`` writes into ``out`` in place, so ``out`` must be a writable
   C-contiguous array (``ValueError`` otherwise: a copy would be filled, not ``out``).
+- ``as_blocks(layout, blocks, n)``: ``blocks`` seen as ``(n, layers, block_layer_bytes)``
+  uint8 (``ValueError`` naming both sizes when its bytes are not ``n`` blocks).
+- ``check_signals(signals, n)``: one ``WriteSignals`` per key (one given is repeated).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .index import key_digests
+from .keys import key_digests
+from .placement import WriteSignals
 from .tiers.region_meta import LABEL_MAX
 
 
@@ -94,3 +98,22 @@ def check_out(out) -> np.ndarray:
     if not b.flags.writeable:
         raise ValueError("get: out is read-only")
     return b
+
+
+def as_blocks(layout, blocks, n: int) -> np.ndarray:
+    b = np.asarray(blocks)
+    if b.dtype != np.uint8:
+        b = b.view(np.uint8) if b.flags.c_contiguous else np.ascontiguousarray(b).view(np.uint8)
+    want = n * layout.block_bytes
+    if b.nbytes != want:
+        raise ValueError(f"blocks hold {b.nbytes} bytes; {n} blocks of this layout need {want}")
+    return b.reshape(n, layout.layers, layout.block_layer_bytes)
+
+
+def check_signals(signals, n: int) -> list[WriteSignals]:
+    if signals is None:
+        signals = WriteSignals()
+    sigs = [signals] * n if isinstance(signals, WriteSignals) else list(signals)
+    if len(sigs) != n:
+        raise ValueError(f"put: {len(sigs)} signals for {n} keys")
+    return sigs

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import xxhash
 
-from sglang_flatcake import checksum as ck
-from sglang_flatcake import device as dv
+from sglang_flatcake.read import checksum as ck
+from sglang_flatcake.read import device as dv
 
 # every XXH3 size class and its edges: 0, 1-3, 4-8, 9-16, 17-128, 129-240, > 240 (long:
 # partial stripes, whole 1024-byte blocks, block + 1, and a real 64-token bf16 page part)
@@ -137,7 +137,7 @@ def test_cuda_source_flags_a_flipped_byte_and_strides_over_pieces(cu_on_cpu):
 
 
 def test_host_checksums_are_the_write_sides():
-    from sglang_flatcake.recovery import block_checksums
+    from sglang_flatcake.segment import block_checksums
     sec = np.random.default_rng(1).integers(0, 256, (3, 4, 100), dtype=np.uint8)
     sums = block_checksums(sec)
     assert sums.shape == (3, 4)

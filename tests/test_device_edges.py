@@ -17,13 +17,14 @@ import pytest
 from test_io_engine import EngineContract
 from test_window import A, MemEngine, kv_dests, session_file, store_with_session
 
-from sglang_flatcake import checksum as ck
-from sglang_flatcake import device as dv
-from sglang_flatcake import scatter as sc
+from sglang_flatcake.read import checksum as ck
+from sglang_flatcake.read import device as dv
+from sglang_flatcake.read import scatter as sc
 from sglang_flatcake.errors import IOEngineError
 from sglang_flatcake.layout import KVLayout
-from sglang_flatcake.planner import plan_reads
-from sglang_flatcake.window import LayerWindow, restore_through_window
+from sglang_flatcake.read.planner import plan_reads
+from sglang_flatcake.read.to_slots import restore_through_window
+from sglang_flatcake.read.window import LayerWindow
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import standin  # noqa: E402
@@ -221,6 +222,20 @@ def test_direct_flow_on_an_mla_pool_waits_for_slots_then_restarts(direct):
     assert r.counters["failed"] == 1 and tree.locks == 0
 
 
+def test_release_undoes_allocate_and_slot_room_counts_evictable_slots(direct):
+    torch, dr, make = direct
+    r, st, keys, sched, alloc, tree = make(slots=20 * 16, prefix=16)
+    free = alloc.available_size()
+    tree.evictable_size = lambda: 32           # SGLang's is a method
+    assert r.slot_room() == free + 32
+    flow = dr.Flow("a", "h", list(range(16 + 4 * 16)), keys[:4], 16, 0, 0)
+    assert r.allocate(flow) and tree.locks == 1 and alloc.available_size() == free - 4 * 16
+    r.release(flow)
+    assert flow.slots is None and tree.locks == 0 and alloc.available_size() == free
+    r.release(flow)                            # holds nothing now: a no-op
+    assert tree.locks == 0 and alloc.available_size() == free
+
+
 def test_direct_flow_errors_are_a_failed_flow(direct, monkeypatch):
     torch, dr, make = direct
     r, st, keys, *_ = make()
@@ -234,7 +249,7 @@ def test_direct_flow_errors_are_a_failed_flow(direct, monkeypatch):
     assert r.local_result(flow) == (True, 0)
     r.finish(flow, 0)
 
-    from sglang_flatcake.to_slots import WindowRestore
+    from sglang_flatcake.read.to_slots import WindowRestore
     flow = dr.Flow("b", "h", list(range(16 + 4 * 16)), keys[:4], 16, 4 << 20, 0)
     assert r.allocate(flow)
     monkeypatch.setattr(st, "restore_to_slots",

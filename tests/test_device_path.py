@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from test_window import kv_dests, store_with_session
 
-from sglang_flatcake import device as dv
+from sglang_flatcake.read import device as dv
 from sglang_flatcake.layout import KVLayout
-from sglang_flatcake.window import LayerWindow, restore_through_window
+from sglang_flatcake.read.to_slots import restore_through_window
+from sglang_flatcake.read.window import LayerWindow
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import standin  # noqa: E402

@@ -7,14 +7,11 @@ servers; together they take a few minutes, so they are marked ``e2e``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -22,8 +19,10 @@ import pytest
 pytest.importorskip("sglang.srt.server_args")
 pytest.importorskip("transformers")
 
-from sglang_flatcake.sglang.server import ServerProcess, cpu_server_args  # noqa: E402
-from sglang_flatcake.sglang.tiny_model import build_tiny_llama  # noqa: E402
+from sglang_flatcake.commands.demo import flush  # noqa: E402
+from sglang_flatcake.commands.processes import wait_until  # noqa: E402
+from sglang_flatcake.commands.server import ServerProcess, cpu_server_args  # noqa: E402
+from sglang_flatcake.commands.tiny_model import build_tiny_llama  # noqa: E402
 from sglang_flatcake.store import FlatCakeStore  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -61,12 +60,7 @@ def stored_blocks(store_dir) -> int:
 
 
 def wait_for(cond, timeout=120, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(cond, timeout, what)
 
 
 def test_restart_and_hit_from_flatcake(model, tmp_path):
@@ -125,21 +119,6 @@ def reference(model, tmp_path_factory):
     return {"a": a, "first": first, "turn2": turn2, "second": second}
 
 
-def flush(server, timeout: float = 120) -> None:
-    """POST /flush_cache until SGLang accepts it (it refuses while backups are in flight)."""
-    deadline = time.time() + timeout
-    while True:
-        req = urllib.request.Request(server.url + "/flush_cache", data=b"", method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                if r.status == 200:
-                    return
-        except urllib.error.HTTPError as e:
-            if e.code != 400 or time.time() > deadline:
-                raise
-        time.sleep(1)
-
-
 RESTORED = re.compile(r"flatcake: restored (\S+): (\d+) of (\d+) tokens from (\d+) "
                       r"\(([\d.]+) MiB from SSD\) in ([\d.]+)s, host-pool gets (\d+)")
 
@@ -184,8 +163,7 @@ def test_failure_injector_keeps_answers_correct(model, tmp_path, reference):
         for _ in range(4):
             got = generate(s, reference["a"], 16)
             assert np.allclose(logprobs(got), logprobs(reference["first"]), atol=1e-4)
-            time.sleep(1)
-            flush(s)
+            flush(s)                                 # waits while backups are in flight
         got = generate(s, reference["turn2"], 8)
         assert np.allclose(logprobs(got), logprobs(reference["second"]), atol=1e-4)
     log = (tmp_path / "s.log").read_text()
@@ -199,7 +177,7 @@ def flatcake_demo(*args, timeout=1800):
 
 def test_demo_serves_every_request_of_the_slice(tmp_path):
     """The README's command: every request of the bundled slice is served, counted from answers."""
-    from sglang_flatcake.sglang.trace_slice import SLICE
+    from sglang_flatcake.commands.trace_slice import SLICE
     rows = [json.loads(x) for x in open(SLICE)]
     out = tmp_path / "demo.json"
     r = flatcake_demo("--passes", "1", "--json", str(out), "--store-dir", str(tmp_path / "store"))
@@ -230,7 +208,7 @@ def test_demo_prints_the_servers_one_line_error(tmp_path):
 
 
 def backuped_tokens(server) -> int:
-    from sglang_flatcake.demo import backup_tokens
+    from sglang_flatcake.commands.demo import backup_tokens
     return backup_tokens(server)
 
 
@@ -259,7 +237,7 @@ def test_restored_pages_are_not_backed_up_again(model, tmp_path):
 
 def test_demo_compare_rows_per_backend_at_small_scale(tmp_path):
     """``flatcake demo --compare`` on none, file, mooncake (when installed) and flatcake."""
-    from sglang_flatcake.sglang.peers import mooncake_missing
+    from sglang_flatcake.commands.peers import mooncake_missing
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     r = flatcake_demo("--compare", "--num-requests", "4", "--passes", "2", "--json", str(out),
                       "--plot", str(png), timeout=2400)
@@ -329,9 +307,11 @@ def test_memory_hit_is_not_stuck_behind_an_ssd_restore(model, tmp_path, single_q
             times[name + "_storage"] = int((out["meta_info"].get("cached_tokens_details")
                                             or {}).get("storage", 0))
 
+        started = log.read_text().count("flatcake: restoring ")
         a = threading.Thread(target=send, args=("long", long_ids))
-        a.start()
-        time.sleep(0.5)
+        a.start()                                    # the short one goes once its restore runs
+        wait_for(lambda: log.read_text().count("flatcake: restoring ") > started,
+                 what="the long prompt's SSD restore to start")
         send("short", short_ids)
         a.join()
     done = restores(log)

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import gpu_read_path as rp  # noqa: E402
 
-from sglang_flatcake import device as dv  # noqa: E402
+from sglang_flatcake.read import device as dv  # noqa: E402
 
 
 def test_checksums_part_on_the_emulated_device():

@@ -24,9 +24,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ALLOW = Path(__file__).with_name("gpu_only_lines.txt")
 MAX_LINES = 40
-READ_PATH = ["sglang_flatcake/window.py", "sglang_flatcake/to_slots.py",
-             "sglang_flatcake/scatter.py", "sglang_flatcake/checksum.py",
-             "sglang_flatcake/device.py", "sglang_flatcake/read_lease.py",
+READ_PATH = ["sglang_flatcake/read/window.py", "sglang_flatcake/read/fills.py",
+             "sglang_flatcake/read/to_slots.py",
+             "sglang_flatcake/read/scatter.py", "sglang_flatcake/read/checksum.py",
+             "sglang_flatcake/read/device.py", "sglang_flatcake/read/read_lease.py",
              "sglang_flatcake/sglang/direct.py"]
 TESTS = ["tests/test_window.py", "tests/test_scatter.py", "tests/test_checksum.py",
          "tests/test_device_path.py", "tests/test_device_edges.py"]

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_flatcake import index as index_mod
-from sglang_flatcake.index import KeyIndex, key_digest, key_digests
+from sglang_flatcake.index import KeyIndex
+from sglang_flatcake.keys import key_digest, key_digests
 
 
 def hex_key() -> str:

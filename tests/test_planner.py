@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_flatcake.layout import KVLayout, SegmentGeometry
-from sglang_flatcake.planner import SegmentRead, plan_reads
+from sglang_flatcake.read.planner import SegmentRead, plan_reads
 
 ALIGN = 4096
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_flatcake.queues import TwoQueuePolicy
+from sglang_flatcake.sched.queues import TwoQueuePolicy
 
 GB = 10**9
 

@@ -125,7 +125,7 @@ def test_reclaim_frees_a_session_whole_and_its_extents_are_reused(tmp_path, layo
         assert n_ext >= 4
         first = chain(per * 2 - 2, "first")        # two extents
         s1 = st.put(first, blocks_for(layout, first), signals=SSD).session
-        ext1 = list(st.ssd._extents[s1])
+        ext1 = list(st.ssd.map.extents(s1))
         assert len(ext1) == 2
         sizes = 0
         i = 0
@@ -136,11 +136,11 @@ def test_reclaim_frees_a_session_whole_and_its_extents_are_reused(tmp_path, layo
             sizes += 1
             assert sizes < 100
         assert st.exists(first) == 0
-        assert s1 not in st.ssd._extents and all(o[0] != s1 for o in st.ssd._owner.values())
+        assert s1 not in st.ssd.map and all(o[0] != s1 for o in st.ssd.map.owners().values())
         assert st.ssd.alloc.free_extents + st.ssd.used_bytes // MiB == n_ext
         again = chain(per * 2 - 2, "again")
         st.put(again, blocks_for(layout, again), signals=SSD)
-        assert set(ext1) <= set(st.ssd._owner), "its freed extents are handed out again"
+        assert set(ext1) <= set(st.ssd.map.owners()), "its freed extents are handed out again"
         used = st.ssd.used_bytes
     with FlatCakeStore(tmp_path / "root", layout, c) as st:   # rebuilt from committed runs
         assert st.ssd.used_bytes == used
@@ -370,7 +370,7 @@ def test_block_device_round_trip_and_recovery(tmp_path, layout):
 def test_inspect_reads_a_region_and_verify_finds_flipped_bytes(tmp_path, layout, capsys):
     import json
 
-    from sglang_flatcake.inspect_store import run
+    from sglang_flatcake.commands.inspect_store import run
     region = tmp_path / "region.bin"
     k1 = chain(5, "a")
     k2 = extend(k1, 30, "b")

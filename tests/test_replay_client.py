@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sglang_flatcake.sglang.replay_client import (BLOCK_TOKENS, TraceRequest, load_trace,
+from sglang_flatcake.commands.replay_client import (BLOCK_TOKENS, TraceRequest, load_trace,
                                                   replay, send_one)
 
 

@@ -18,7 +18,8 @@ from sglang_flatcake.replay.systems import SystemContext, make_system
 from sglang_flatcake.replay.systems.base import DataPool
 from sglang_flatcake.replay.systems.ssd_tiers import BucketTier, SlotTier
 from sglang_flatcake.replay.systems.tiered import MemoryLRU, Staging
-from sglang_flatcake.replay.traces import Request, Trace, load_trace
+from sglang_flatcake.replay.loaders import load_trace
+from sglang_flatcake.replay.traces import Request, Trace
 
 SIZING = make_sizing(MODELS["deepseek-v4-flash"], 64)
 BB = SIZING.block_bytes

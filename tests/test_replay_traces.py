@@ -10,7 +10,8 @@ import tarfile
 import pytest
 
 from sglang_flatcake.replay.run import bundled_trace
-from sglang_flatcake.replay.traces import TraceError, arrivals, load_trace
+from sglang_flatcake.replay.loaders import load_trace
+from sglang_flatcake.replay.traces import TraceError, arrivals
 
 MOONCAKE = [
     {"timestamp": 0, "input_length": 1100, "output_length": 50, "hash_ids": [0, 1, 2]},

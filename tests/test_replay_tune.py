@@ -121,7 +121,7 @@ def test_tune_errors(tmp_path):
 
 
 def test_tune_is_a_flatcake_subcommand_with_every_flag(capsys):
-    from sglang_flatcake import cli
+    from sglang_flatcake.commands import cli
     from sglang_flatcake.config import FlatCakeConfig
     with pytest.raises(SystemExit) as e:
         cli.main(["tune", "--help"])

@@ -21,7 +21,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from sglang_flatcake import scatter as sc
+from sglang_flatcake.read import scatter as sc
 from sglang_flatcake.layout import KVLayout
 
 ITEM_DTYPE = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32,
@@ -254,7 +254,7 @@ SIM = textwrap.dedent("""
     from numba import cuda          # NUMBA_ENABLE_CUDASIM=1 is set: this is the simulator
     sys.path.insert(0, {tests!r})
     from test_scatter import make_case, expected, check
-    from sglang_flatcake import scatter as sc
+    from sglang_flatcake.read import scatter as sc
 
     @cuda.jit
     def scatter(window, src_word, dst_row, dst0, dst1, n_units, n_parts, part_words, row_words,

@@ -32,8 +32,10 @@ class FakeRestorer:
         self.free_slots = True
         self.counters: dict = {}
         self.slots_free = 10**6                  # what the device pool has free
-        self.allocator = SimpleNamespace(available_size=lambda: self.slots_free)
-        self.tree = SimpleNamespace(evictable_size=lambda: 0)
+        self.released: list[str] = []
+
+    def slot_room(self) -> int:
+        return self.slots_free                   # nothing evictable
 
     def lookup(self, req):
         if req.rid not in self.spans:
@@ -42,6 +44,9 @@ class FakeRestorer:
 
     def allocate(self, flow) -> bool:
         return self.free_slots
+
+    def release(self, flow) -> None:
+        self.released.append(flow.rid)
 
     def submit(self, flow) -> None:
         flow.state = "running"

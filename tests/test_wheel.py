@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHECK = """
 import json, sys
-import sglang_flatcake, sglang_flatcake.device as dv, sglang_flatcake.scatter as sc
+import sglang_flatcake, sglang_flatcake.read.device as dv, sglang_flatcake.read.scatter as sc
 names = sys.argv[1:]
 print(json.dumps({"package": sglang_flatcake.__file__,
                   "sources": {n: len(dv.kernel_source(n)) for n in names},

@@ -20,9 +20,10 @@ from sglang_flatcake.io.kvikio_engine import KvikioEngine, kvikio_usable
 from sglang_flatcake.io.posix import PosixEngine
 from sglang_flatcake.layout import KVLayout, SegmentGeometry
 from sglang_flatcake.placement import WriteSignals
-from sglang_flatcake.planner import SegmentRead, plan_reads
+from sglang_flatcake.read.planner import SegmentRead, plan_reads
 from sglang_flatcake.store import FlatCakeStore
-from sglang_flatcake.window import LayerWindow, plan_fills, restore_through_window
+from sglang_flatcake.read.to_slots import restore_through_window
+from sglang_flatcake.read.window import LayerWindow, plan_fills
 
 A = 4096
 LAY = KVLayout.mha(layers=3, kv_heads=1, head_dim=64, dtype="bfloat16", page_tokens=8)  # 2 KiB
@@ -466,7 +467,7 @@ CUDA_OK, CUDA_WHY = kvikio_usable()
 def test_kvikio_reads_into_device_memory_and_scatters_there(tmp_path):
     import cupy
 
-    from sglang_flatcake.scatter import scatter_layer
+    from sglang_flatcake.read.scatter import scatter_layer
     path, data, reads = session_file(tmp_path, sizes=(9, 6))
     eng = KvikioEngine(alignment=A)
     try:

@@ -71,6 +71,21 @@ def check_commands(commands: Sequence[ReadCommand], targets: Sequence, alignment
                              f"{alignment}-aligned")
 
 
+def command_views(cmd: ReadCommand, target, flat) -> list[np.ndarray]:
+    """The flat uint8 views (``flat(array)``) a read of ``cmd`` fills: one array, of which
+    the first ``cmd.length`` bytes, or a scatter list whose sizes add up to ``cmd.length``;
+    ``ValueError`` naming both sizes otherwise."""
+    if isinstance(target, np.ndarray):
+        if target.nbytes < cmd.length:
+            raise ValueError(f"read: buffer of {target.nbytes} bytes for {cmd.length}")
+        return [flat(target)[:cmd.length]]
+    views = [flat(v) for v in target]
+    if sum(v.nbytes for v in views) != cmd.length:
+        raise ValueError(f"read: scatter list of {sum(v.nbytes for v in views)} bytes "
+                         f"for a command of {cmd.length}")
+    return views
+
+
 class FileTable:
     """Per-path descriptors for an engine, each opened once: O_DIRECT, or buffered where the
     filesystem refuses O_DIRECT (EINVAL; the path is then counted in ``buffered``).

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import IOEngineError
 from ..layout import align_down, align_up
 from .base import (O_DIRECT, FileTable, IOEngine, ReadCommand, aligned_empty, check_commands,
-                   datasync, fallocate_to)
+                   command_views, datasync, fallocate_to)
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
@@ -168,13 +168,7 @@ class PosixEngine(IOEngine):
         check_commands(commands, buffers, self.alignment)
         handles = []
         for cmd, target in zip(commands, buffers):
-            if isinstance(target, np.ndarray):
-                if target.nbytes < cmd.length:
-                    raise ValueError(f"read: buffer of {target.nbytes} bytes for {cmd.length}")
-                target = target.reshape(-1).view(np.uint8)[:cmd.length]
-            elif sum(v.nbytes for v in target) != cmd.length:
-                raise ValueError(f"read: scatter list of {sum(v.nbytes for v in target)} bytes "
-                                 f"for a command of {cmd.length}")
+            target = command_views(cmd, target, lambda v: v.reshape(-1).view(np.uint8))
             fd, direct = self._fd(cmd.path)
             off = cmd.offset
             futures = []

@@ -24,10 +24,7 @@ import ctypes
 import errno
 import mmap
 import os
-import platform
-import struct
 import threading
-import weakref
 from typing import Sequence
 
 import numpy as np
@@ -35,108 +32,12 @@ import numpy as np
 from ..errors import ConfigError, IOEngineError
 from ..layout import align_down, align_up
 from .base import (O_DIRECT, FileTable, IOEngine, ReadCommand, aligned_empty, check_commands,
-                   datasync, fallocate_to)
-
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-_SETUP, _ENTER, _REGISTER = 425, 426, 427              # the same on every Linux architecture
-_READV, _WRITEV, _READ_FIXED, _WRITE_FIXED, _READ, _WRITE = 1, 2, 4, 5, 22, 23
-_SUBMIT_ALL, _SINGLE_MMAP, _GETEVENTS, _BUFFERS2, _BUFFERS_UPDATE = 128, 1, 1, 15, 16
-_SQE = struct.Struct("<BBHiQQIIQHHiQQ")                # struct io_uring_sqe, 64 bytes
-_CQE = struct.Struct("<QiI")                           # struct io_uring_cqe, 16 bytes
-_RETRY = (-errno.ECANCELED, -errno.EINTR)
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
-def _sys(nr: int, *args: int) -> int:
-    """A raw syscall (the GIL is released meanwhile); returns the result or ``-errno``."""
-    r = _libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-    return -ctypes.get_errno() if r < 0 else r
-
-
-def _addr(v: np.ndarray) -> int:
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(v))   # 3x faster than .ctypes.data
-    except (TypeError, ValueError):                             # read-only or empty
-        return v.ctypes.data
-
-
-class _Params(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint32) for n in ("sq_entries", "cq_entries", "flags", "cpu", "idle",
-                                               "features", "wq_fd", "r0", "r1", "r2")] + \
-               [("sq", ctypes.c_uint32 * 10), ("cq", ctypes.c_uint32 * 10)]   # ring offsets
-
-
-def _setup(entries: int) -> tuple[int, _Params]:
-    """``io_uring_setup`` (SUBMIT_ALL where the kernel has it); returns (fd or -errno, params)."""
-    for flags in (_SUBMIT_ALL, 0):
-        p = _Params(flags=flags)                       # kept alive: the kernel writes into it
-        fd = _sys(_SETUP, entries, ctypes.addressof(p))
-        if fd != -errno.EINVAL:
-            return fd, p
-    return fd, p
-
-
-def unavailable_reason() -> str | None:
-    """Why io_uring cannot be used here, or None when a ring can be made."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return f"the io_uring engine supports x86_64 only (ring memory ordering), not {platform.machine()}"
-    try:
-        with open("/proc/sys/kernel/io_uring_disabled") as f:
-            if f.read().strip() == "2":
-                return "disabled by the kernel (/proc/sys/kernel/io_uring_disabled = 2)"
-    except OSError:
-        pass
-    fd, p = _setup(2)
-    if fd < 0:
-        return f"io_uring_setup failed: {os.strerror(-fd)} (old kernel, seccomp or io_uring_disabled)"
-    os.close(fd)
-    return None if p.features & _SINGLE_MMAP else "kernel older than 5.4"
-
-
-class _Op:
-    """One SQE's worth of work: ``n`` bytes at ``off`` over ``iov`` (address, length)
-    pairs, ``need`` of which must arrive; re-queued for the rest after a short transfer."""
-    __slots__ = ("write", "verb", "fd", "direct", "path", "off", "iov", "keep", "n", "need", "done",
-                 "buf", "bounce", "bslot", "parts", "handle", "vec", "retries")
-
-    def __init__(self, write, fd, direct, path, off, arrays, addrs, need, handle, buf=-1,
-                 bounce=None, bslot=-1, parts=None):
-        self.write, self.verb, self.fd, self.direct = write, ("write" if write else "read"), fd, direct
-        self.path, self.off, self.keep, self.need, self.handle = path, off, arrays, need, handle
-        self.iov = [(a, v.nbytes) for a, v in zip(addrs, arrays)]
-        self.n = self.iov[0][1] if len(arrays) == 1 else sum(x[1] for x in self.iov)
-        self.done, self.buf, self.retries, self.vec = 0, buf, 0, None
-        self.bounce, self.bslot, self.parts = bounce, bslot, parts
-
-
-class UringHandle:
-    """One submitted command; ``wait`` returns when all its ops are done or raises
-    ``IOEngineError`` naming the file and offset.  Ops finish only in the driving thread."""
-
-    def __init__(self, engine: "UringEngine", nbytes: int, write: bool) -> None:
-        self._engine, self._left, self._nbytes, self._write = engine, 0, nbytes, write
-        self._err, self._finished, self._ev = None, False, None   # _ev: made by a sleeping waiter
-
-    def _op_done(self, err) -> None:
-        self._err = self._err or err
-        self._left -= 1
-        if self._left == 0:
-            if self._err or self._write:
-                self._engine._count(*(("errors", 1) if self._err else ("bytes_written", self._nbytes)))
-            self._finished = True                      # then read _ev: a sleeper sets it first
-            if self._ev is not None:
-                self._ev.set()
-
-    def done(self) -> bool:
-        return self._finished
-
-    def wait(self) -> None:
-        if not self._finished:
-            self._engine._wait_for(self)
-        if self._err is not None:
-            raise self._err
-
+                   command_views, datasync, fallocate_to)
+from .uring_buffers import BufferTable
+from .uring_ops import UringHandle, _Op
+from .uring_sys import (_CQE, _ENTER, _GETEVENTS, _READ, _READ_FIXED, _READV, _RETRY, _SQE,
+                        _WRITE, _WRITE_FIXED, _WRITEV, IOV_MAX, _addr, _setup, _sys,
+                        unavailable_reason)
 
 class UringEngine(IOEngine):
     name = "io_uring"
@@ -176,14 +77,10 @@ class UringEngine(IOEngine):
         self._ops: dict[int, _Op] = {}                 # user_data -> op in flight
         self._waiters: collections.deque[UringHandle] = collections.deque()   # sleeping followers
         self._next_ud, self._unsub, self._stopping, self._dead = 1, 0, False, None
-        # registered buffers: one sparse table (5.19+); slots [0, bounce_slots) hold the bounce pool
-        self._reg: dict[int, tuple] = {}               # id(owning array) -> (weakref, start, end, slot)
-        self._dead_slots: list[tuple[int, int]] = []
-        arg = (ctypes.c_uint32 * 8)(registered_slots + bounce_slots, 1)   # nr, IORING_RSRC_REGISTER_SPARSE
-        self._fixed = _sys(_REGISTER, fd, _BUFFERS2, ctypes.addressof(arg), 32) >= 0
-        self._free_slots = list(range(registered_slots + bounce_slots - 1, bounce_slots - 1, -1))
+        # registered buffers: slots [0, bounce_slots) hold the bounce pool
+        self._buffers = BufferTable(fd, registered_slots, bounce_slots, self._lock)
         self._bpool = aligned_empty(bounce_slots * self.bounce_bytes, alignment)
-        self._bfree = [s for s in range(bounce_slots) if self._update_slot(
+        self._bfree = [s for s in range(bounce_slots) if self._buffers.update(
             s, self._bpool.ctypes.data + s * self.bounce_bytes, self.bounce_bytes)]
 
     # -- files and buffers ------------------------------------------------------
@@ -202,47 +99,19 @@ class UringEngine(IOEngine):
         """Close ``path``'s descriptor; its commands must have finished (as with posix)."""
         self._files.forget(path)
 
-    def _update_slot(self, slot: int, addr: int, nbytes: int) -> bool:
-        """Point registered-buffer ``slot`` at ``[addr, addr+nbytes)`` (0, 0 empties it)."""
-        iov = (ctypes.c_uint64 * 2)(addr, nbytes)
-        upd = (ctypes.c_uint64 * 4)(slot, ctypes.addressof(iov), 0, 1)   # offset, data, tags, nr
-        return self._fixed and _sys(_REGISTER, self._ring, _BUFFERS_UPDATE, ctypes.addressof(upd), 32) >= 0
-
     def register(self, buf: np.ndarray) -> bool:
-        """Register ``buf`` (an array owning its memory, or a view of one) so I/O inside it
-        uses READ_FIXED/WRITE_FIXED.  False when the table is full, the buffer is over 1 GiB
-        or the kernel refuses (e.g. RLIMIT_MEMLOCK): it then works unregistered.  The slot
-        is freed once the owning array is garbage."""
-        base = buf if buf.base is None else buf.base
-        if not isinstance(base, np.ndarray) or not 0 < buf.nbytes <= 1 << 30 or self._stopping:
-            return False
-        start = buf.ctypes.data
-        with self._lock:
-            while self._dead_slots:                    # owners gone since last time
-                key, slot = self._dead_slots.pop()
-                if self._reg.get(key, (0, 0, 0, -1))[3] == slot:
-                    del self._reg[key]
-                self._update_slot(slot, 0, 0)
-                self._free_slots.append(slot)
-            slot = self._free_slots.pop() if self._free_slots else -1
-            if slot < 0 or not self._update_slot(slot, start, buf.nbytes):
-                self._free_slots += [slot] if slot >= 0 else []
-                return False
-            self._reg[id(base)] = (weakref.ref(base), start, start + buf.nbytes, slot)
-        weakref.finalize(base, self._dead_slots.append, (id(base), slot))
-        return True
+        """Register ``buf`` so I/O inside it uses READ_FIXED/WRITE_FIXED (see
+        ``uring_buffers.BufferTable.register``); False once the engine is closing."""
+        return not self._stopping and self._buffers.register(buf)
+
+    def _slot_of(self, v: np.ndarray, a: int) -> int:
+        return self._buffers.slot_of(v, a)
 
     def alloc(self, nbytes: int) -> np.ndarray:
         """An aligned buffer, registered with the ring when possible (see ``register``)."""
         buf = aligned_empty(nbytes, self.alignment)
         self.register(buf)
         return buf
-
-    def _slot_of(self, v: np.ndarray, a: int) -> int:
-        """The registered slot holding all of ``v`` (at address ``a``), or -1."""
-        base = v if v.base is None else v.base
-        got = self._reg.get(id(base))
-        return got[3] if got and got[0]() is base and got[1] <= a and a + v.nbytes <= got[2] else -1
 
     # -- planning (the callers' threads) ---------------------------------------------
     def _plan(self, write, path, fd, direct, off, iov: list[np.ndarray], h: UringHandle) -> list[_Op]:
@@ -323,15 +192,7 @@ class UringEngine(IOEngine):
         check_commands(commands, targets, self.alignment)
         items = []
         for cmd, target in zip(commands, targets):
-            if isinstance(target, np.ndarray):
-                if target.nbytes < cmd.length:
-                    raise ValueError(f"read: buffer of {target.nbytes} bytes for {cmd.length}")
-                views = [self._flat(target)[:cmd.length]]
-            else:
-                views = [self._flat(v) for v in target]
-                if sum(v.nbytes for v in views) != cmd.length:
-                    raise ValueError(f"read: scatter list of {sum(v.nbytes for v in views)} bytes "
-                                     f"for a command of {cmd.length}")
+            views = command_views(cmd, target, self._flat)
             items.append((cmd.path, self._fd(cmd.path), cmd.offset, views))
         self._count("read_commands", len(commands))
         self._count("bytes_read", sum(c.length for c in commands))
@@ -511,7 +372,7 @@ class UringEngine(IOEngine):
         flight) plus ``fixed_ops``, ``registered_buffers``, ``enter_calls``, ``peak_inflight``."""
         with self._lock:
             return {"engine": self.name, "threads": 0, "depth": self.depth, "direct": self.want_direct,
-                    "buffered_files": len(self._files.buffered), "registered_buffers": len(self._reg),
+                    "buffered_files": len(self._files.buffered), "registered_buffers": len(self._buffers),
                     **self._stats}
 
     def close(self) -> None:

@@ -12,14 +12,15 @@ Same trace, seed and models: same rows.
 
 Structure:
 
-  traces.py     Mooncake / WEKA loaders, conversations, arrival schedules
+  traces.py     requests, conversations, arrival schedules
+  loaders.py    Mooncake / WEKA loaders (load_trace)
   sizes.py      model, GPU and disk presets; ``--scale`` to a real KVLayout
   clock.py      the event loop and the processor-sharing disk
   systems/      base.py (the interface), flatcake.py (the real store, and its
                 single-queue ablation),
                 tiered.py (tiered-lru, mooncake-fifo, memory-only),
                 ssd_tiers.py (slot file, Mooncake buckets), sglang_file.py
-  policy.py     scheduler policies: FCFS, FlatCake's two queues (``queues.py``)
+  policy.py     scheduler policies: FCFS, FlatCake's two queues (``sched/queues.py``)
   replayer.py   one replay: arrivals, restores, prefills, writes, refcounts
   metrics.py    the paper's metrics per system and rate
   report.py     table, JSON, PNG

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..errors import FlatCakeError
-from ..queues import AGING
+from ..sched.queues import AGING
 from .clock import EventLoop, SharedDisk
 from .cluster import MEASURED_FROM, ROUTINGS, ClusterReplay, RemoteModel, Router, moved_turns, \
     open_nodes

@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 from collections import deque
 
-from ..queues import AGING, TwoQueuePolicy
+from ..sched.queues import AGING, TwoQueuePolicy
 from .systems.base import RequestState
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..config import FlatCakeConfig
 from ..errors import FlatCakeError
-from ..queues import AGING
+from ..sched.queues import AGING
 from . import cluster_run, flags
 from .clock import EventLoop, SharedDisk
 from .metrics import infinite_cache_hits, summarize
@@ -30,7 +30,8 @@ from .report import (ablation, format_ablation, format_policies, format_table, p
 from .sizes import DISKS, GPUS, MODELS, ModelPreset, make_sizing
 from .systems import SYSTEMS, SystemContext, make_system, parse_systems, unavailable_reason
 from .systems.flatcake import FlatCake
-from .traces import FORMATS, Trace, arrivals, load_trace
+from .loaders import load_trace
+from .traces import FORMATS, Trace, arrivals
 
 BUNDLED = "weka_claude_code_slice.tar.xz"
 # the server's default (``FlatCakeConfig.prefetch_budget_bytes``), so the replay models it

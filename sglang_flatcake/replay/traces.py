@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from ..errors import FlatCakeError
 
@@ -105,39 +104,6 @@ def _renumber(trace: Trace, keep: list[int]) -> Trace:
         out.append(replace(r, rid=new_rid[r.rid], session=new_sid[r.session], conv=c,
                            parent=None if r.parent is None else new_rid[r.parent]))
     return Trace(trace.name, trace.format, trace.block_tokens, tuple(out), len(keep))
-
-
-def detect_format(path: str | Path) -> str:
-    p = Path(path)
-    n = p.name
-    if p.is_dir() or n.endswith((".tar.xz", ".txz", ".tar", ".tar.gz", ".tgz")):
-        return "weka"
-    if n.endswith((".jsonl", ".jsonl.xz")):
-        return "mooncake"
-    if n.endswith(".json"):
-        with open(p, encoding="utf-8", errors="replace") as f:
-            head = f.read(4096).lstrip()
-        return "weka" if head.startswith("{") and '"requests"' in head else "mooncake"
-    raise TraceError(f"{path}:1: cannot tell the trace format from the name; "
-                     "pass --format mooncake or --format weka")
-
-
-def load_trace(path: str | Path, fmt: str = "auto", block_tokens: int | None = None) -> Trace:
-    """Load a trace; ``fmt`` is one of ``FORMATS``. ``block_tokens`` overrides Mooncake's 512."""
-    if fmt not in FORMATS:
-        raise TraceError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    p = Path(path)
-    if not p.exists():
-        raise TraceError(f"{path}:0: no such file or folder")
-    from .loaders import load_mooncake, load_weka
-    fmt = detect_format(p) if fmt == "auto" else fmt
-    if fmt == "mooncake":
-        return load_mooncake(p, block_tokens or 512)
-    tr = load_weka(p)
-    if block_tokens and block_tokens != tr.block_tokens:
-        raise TraceError(f"{path}:1: --block-tokens {block_tokens} contradicts the sessions' "
-                         f"block_size {tr.block_tokens}")
-    return tr
 
 
 def arrivals(trace: Trace, rate: float) -> list[float]:

@@ -254,6 +254,8 @@ class FlatCakeStorage(HiCacheStorage):
         st["direct"] = dict(self.direct_counters)
         from .write_once import COUNTERS as write_once
         st["write_once"] = dict(write_once)
+        board = signal_board.BOARD
+        st["signals"] = {**board.reads, "failures": board.signal_failures}
         signal_board.BOARD.publish(st)
         global _METRICS
         if _METRICS is None:

@@ -40,7 +40,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import address as addr
-from .. import device as dv
+from ..read import device as dv
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -101,7 +101,7 @@ class DirectRestorer:
                                                             for t in self.dest_v]
         if self.device is not None:
             # SSD bytes land in a device window (kvikio), are verified and scattered there
-            from ..window import LayerWindow
+            from ..read.window import LayerWindow
             cfg = self.backend.config
             engine = dv.window_engine(self.device, cfg.alignment, cfg.io_threads)
             self.window = LayerWindow(engine, WINDOW_BYTES, cfg.window_layers,
@@ -109,7 +109,7 @@ class DirectRestorer:
         log.info("flatcake: direct restores into %s memory",
                  "host" if self.device is None else self.device.name)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-restore")
-        from ..scatter import warm_up
+        from ..read.scatter import warm_up
         self.pool.submit(warm_up)              # compile the CPU scatter before the first restore
         self.delay = float(os.environ.get(DELAY_ENV, "0") or 0)
         if self.delay:
@@ -196,14 +196,32 @@ class DirectRestorer:
         flow.prefix_start = flow.start
         return True
 
+    def release(self, flow: Flow) -> None:
+        """Undo ``allocate``: free the flow's slots and unlock its device prefix, leaving it
+        to wait again.  A no-op when the flow holds no slots."""
+        if flow.slots is None:
+            return
+        self.allocator.free(flow.slots)
+        self.tree.dec_lock_ref(flow.anchor, flow.anchor_lock)
+        flow.slots = flow.anchor = flow.anchor_lock = None
+
+    def slot_room(self) -> int:
+        """Device slots a restore could take now: free ones plus evictable ones."""
+        evictable = self.tree.evictable_size
+        evictable = evictable() if callable(evictable) else evictable
+        return self.allocator.available_size() + int(evictable)
+
     def _restart_from(self, flow: Flow, start: int) -> None:
         flow.keys = flow.chain[start // self.page: len(flow.key) // self.page]
         flow.start = start
 
     def submit(self, flow: Flow) -> None:
-        """Start the restore of an allocated flow on the worker thread."""
+        """Start the restore of an allocated flow on the worker thread (logged: tests and
+        operators order on this line)."""
         flow.state = "running"
         flow.started_at = time.monotonic()
+        log.info("flatcake: restoring %s: %d tokens from %d (%.1f MiB from SSD)", flow.rid,
+                 flow.tokens, flow.start, flow.ssd_bytes / (1 << 20))
         store = self.backend.store
         slots = flow.slots.cpu().numpy() if hasattr(flow.slots, "cpu") else np.asarray(flow.slots)
         delay = self.delay * flow.ssd_bytes / (1 << 20)

@@ -34,7 +34,7 @@ import logging
 import time
 from typing import Any
 
-from ..queues import TwoQueuePolicy
+from ..sched.queues import TwoQueuePolicy
 from .direct import DirectRestorer, Flow
 
 log = logging.getLogger("sglang_flatcake")
@@ -127,10 +127,7 @@ class FlatCakeScheduling:
                 continue
             ok = self.decode_headroom(flow) and self.restorer.allocate(flow)
             if self.agree([1.0 if ok else 0.0], "min")[0] < 1:
-                if ok:
-                    self.restorer.allocator.free(flow.slots)
-                    self.restorer.tree.dec_lock_ref(flow.anchor, flow.anchor_lock)
-                    flow.slots = flow.anchor = flow.anchor_lock = None
+                self.restorer.release(flow)    # a no-op where this rank took nothing
                 still.append(rid)              # waits for slots; never cancelled
                 continue
             self.restorer.submit(flow)
@@ -150,12 +147,10 @@ class FlatCakeScheduling:
         uniq = {id(r): r for r in reqs}.values()
         reserve = sum(max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
                       + self.restorer.page for r in uniq)
-        evictable = self.restorer.tree.evictable_size
-        evictable = evictable() if callable(evictable) else evictable
         # the restore takes flow.tokens free slots and locks the flow.start-token device prefix
         # it extends, which leaves the evictable budget (counted whole: it may be locked already)
         pinned_now = flow.tokens + flow.start
-        ok = self.restorer.allocator.available_size() + int(evictable) - pinned_now >= reserve
+        ok = self.restorer.slot_room() - pinned_now >= reserve
         if not ok:
             c = self.restorer.counters
             c["waits_for_decode_room"] = c.get("waits_for_decode_room", 0) + 1
@@ -172,10 +167,8 @@ class FlatCakeScheduling:
             if d < 1:
                 continue
             self.restorer.finish(f, int(p))
-            try:
+            if self.policy.in_flight(f.rid):          # a memory-only flow never is
                 self.policy.prefetch_done(f.rid)      # frees its prefetch budget
-            except KeyError:
-                pass                                  # a memory-only flow: never in the budget
             self._drop(f.rid)
 
     def _drop(self, rid: str) -> None:

@@ -41,11 +41,11 @@ log = logging.getLogger("sglang_flatcake")
 
 @dataclass(frozen=True)
 class Seen:
-    refcount: int = 1
-    turn: int = -1
-    context_tokens: int = -1
-    prev_reply_tokens: int = -1
-    session_id: str | None = None
+    """What the tree knew of a page when it was backed up (turn and previous reply come
+    from the store's lineage, see the module docstring)."""
+    refcount: int = 1                # max(lock_ref, branches leaving the node)
+    context_tokens: int = -1         # tokens before the node; -1: unknown
+    session_id: str | None = None    # SGLang's session id of the insert, when sent
 
 
 class SignalBoard:
@@ -57,6 +57,7 @@ class SignalBoard:
         self._lock = threading.Lock()
         self._op = threading.local()
         self.reads = {"gets": 0, "hit_blocks": 0}
+        self.signal_failures = 0     # backups whose signals could not be read (warned once)
 
     def record(self, keys, seen: Seen) -> None:
         with self._lock:
@@ -121,8 +122,12 @@ def _write_backup_storage_around(original, cache, node_id, *a, **kw):
             return None                       # already stored: no second put (write_once.py)
     try:
         _pending.seen = _node_signals(cache, node_id)
-    except Exception as e:  # never let signal gathering break a backup
-        log.debug("flatcake: no signals for node %s: %s", node_id, e)
+    except Exception as e:  # never let signal gathering break a backup: warned, counted
+        BOARD.signal_failures += 1
+        level = logging.WARNING if BOARD.signal_failures == 1 else logging.DEBUG
+        log.log(level, "flatcake: no write-time signals for node %s (%s: %s); placement uses "
+                "the store's own lineage (%d such backups so far)", node_id,
+                type(e).__name__, e, BOARD.signal_failures)
         _pending.seen = None
     try:
         return original(cache, node_id, *a, **kw)
@@ -148,10 +153,11 @@ def _node_signals(cache, node_id) -> Seen | None:
         ctx = int(last.path_start)
         refcount = max(refcount, int(last.num_children))
     try:
-        node = core.node_by_id(node_id)          # Python tree core only
+        node = core.node_by_id(node_id)
+    except NotImplementedError:                  # the Rust tree core keeps lock refs inside
+        node = None
+    if node is not None:
         refcount = max(refcount, max(int(cd.lock_ref) for cd in node.component_data))
-    except Exception:
-        pass
     return Seen(refcount=refcount, context_tokens=ctx, session_id=_node_session.pop(node_id, None))
 
 

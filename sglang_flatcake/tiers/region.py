@@ -40,16 +40,20 @@ from ..errors import (ConfigError, FlatCakeError, IOEngineError, LayoutMismatchE
 from ..io.base import ReadCommand
 from ..layout import SegmentGeometry
 from ..recovery import check_store_manifest, store_manifest
+from ..segment import write_segment_at
 from ..sessions import Segment, Session
 from . import region_meta as rm
+from .base import ExtentMap, SSDTier
 from .extents import ExtentAllocator
 from .medium import open_medium
-from .ssd import write_segment_at
+from .region_recovery import recover
 
 log = logging.getLogger("sglang_flatcake")
 
 
-class RegionFiles:
+class RegionFiles(SSDTier):
+    keeps_layout = True           # in the superblock, checked (or reset) when it opens
+
     def __init__(self, config, layout, engine, read_only: bool = False,
                  max_step_bytes: int = 256 << 20) -> None:
         self.config, self.layout, self.engine, self.read_only = config, layout, engine, read_only
@@ -70,8 +74,7 @@ class RegionFiles:
         self.max_step_bytes = max(max_step_bytes, self.extent_bytes)
         self.capacity_bytes = self.geo.n_extents * self.extent_bytes
         self.alloc = ExtentAllocator(self.geo.n_extents)
-        self._extents: dict[int, list[int]] = {}          # sid -> physical extents, in order
-        self._owner: dict[int, tuple[int, int]] = {}      # extent -> (sid, logical index)
+        self.map = ExtentMap(self.extent_bytes)           # sid -> physical extents, in order
         self._lineage: dict[int, Session] = {}            # sid -> session, for journal records
         self.used_bytes = 0
         self.gen = self.ckpt_gen = self.ckpt_seq = 0
@@ -139,7 +142,7 @@ class RegionFiles:
             self._write(off, sb, 0, geo.journal_off)
         self.engine.sync(self.path_)
         self.short_bytes = 0
-        self.fresh_sid = new_sid_base()
+        self.fresh_sid = rm.new_sid_base()
 
     def close(self, unlink_new: bool = False) -> None:
         created = self.medium.created and unlink_new
@@ -169,12 +172,9 @@ class RegionFiles:
     def path(self, sid: int) -> str:
         return self.path_
 
-    def file_bytes(self, sid: int) -> int:
-        return len(self._extents.get(sid, ())) * self.extent_bytes
-
     def _runs(self, sid: int) -> list[tuple[int, int]]:
         """(logical start byte, logical end byte) of each physically contiguous run."""
-        ex, out, E = self._extents.get(sid, []), [], self.extent_bytes
+        ex, out, E = self.map.extents(sid), [], self.extent_bytes
         for i, e in enumerate(ex):
             if i and e == ex[i - 1] + 1:
                 out[-1] = (out[-1][0], (i + 1) * E)
@@ -184,15 +184,6 @@ class RegionFiles:
 
     def io_at(self, sid: int, offset: int) -> tuple[str, int]:
         return self.path_, self.geo.data_off + self.address(sid, offset)
-
-    def address(self, sid: int, offset: int) -> int:
-        i, r = divmod(offset, self.extent_bytes)
-        return self._extents[sid][i] * self.extent_bytes + r
-
-    def locate(self, flat_offset: int) -> tuple[int, int]:
-        e, r = divmod(flat_offset, self.extent_bytes)
-        sid, i = self._owner[e]
-        return sid, i * self.extent_bytes + r
 
     # ---------------------------------------------------------------- allocation
     def open_session(self, s: Session, fsync: bool) -> None:
@@ -212,7 +203,7 @@ class RegionFiles:
         for a, b in runs:
             if max(offset, a) + nbytes <= b:
                 return max(offset, a)
-        ex = self._extents.get(sid, [])
+        ex = self.map.extents(sid)
         have = len(ex)
         step = max(1, min(have, self.max_step_bytes // E))           # geometric growth
         if ex:                                                        # extend the last run
@@ -236,28 +227,31 @@ class RegionFiles:
         return self.used_bytes + count * self.extent_bytes <= self.capacity_bytes
 
     def _add_run(self, sid: int, start: int, count: int) -> None:
-        ex = self._extents.setdefault(sid, [])
         s = self._lineage.get(sid)
-        rec = rm.JournalRecord(self.gen + 1, rm.ALLOC, sid, start, count, len(ex),
+        rec = rm.JournalRecord(self.gen + 1, rm.ALLOC, sid, start, count, self.map.count(sid),
                                s.parent if s else None, s.parent_blocks if s else 0,
                                s.created if s else 0.0, s.label if s else "")
         try:
             self._journal(rec, sync=self.durable)
         except BaseException as e:         # whatever failed, the run goes back
             self.alloc.give(start, count)
-            if not ex:
-                del self._extents[sid]
             if isinstance(e, (IOEngineError, FlatCakeError)):
                 raise NotStoredError(f"cannot record an extent run in {self.path_}: {e}") from None
             raise
-        self._map(sid, start, count)
+        self.map_run(sid, start, count)
 
-    def _map(self, sid: int, start: int, count: int) -> None:
-        ex = self._extents.setdefault(sid, [])
-        for e in range(start, start + count):
-            self._owner[e] = (sid, len(ex))
-            ex.append(e)
+    def map_run(self, sid: int, start: int, count: int) -> None:
+        """Give extents ``[start, start+count)`` to the session, after its others (recovery
+        and allocation); ``ValueError`` when one is owned already."""
+        self.map.add(sid, range(start, start + count))
         self.used_bytes += count * self.extent_bytes
+
+    def unmap(self, sid: int, index: int = 0) -> list[int]:
+        """Take the session's extents from logical ``index`` on away from it (recovery: a
+        newer run took them; ``release``: all); returns them."""
+        gone = self.map.cut(sid, index) if index else self.map.drop(sid)
+        self.used_bytes -= len(gone) * self.extent_bytes
+        return gone
 
     def _journal(self, rec: rm.JournalRecord, sync: bool) -> None:
         if rec.gen - self.ckpt_gen > self.geo.journal_slots:
@@ -272,13 +266,10 @@ class RegionFiles:
 
     def release(self, sid: int) -> None:
         """Free the session's runs whole (a ``free`` record, not synced)."""
-        ex = self._extents.pop(sid, [])
+        ex = self.unmap(sid)
         self._lineage.pop(sid, None)
-        for e in ex:
-            del self._owner[e]
-        for start, count in _group(ex):
+        for start, count in rm.runs(ex):
             self.alloc.give(start, count)
-        self.used_bytes -= len(ex) * self.extent_bytes
         if ex and not self.read_only and self.gen + 1 - self.ckpt_gen <= self.geo.journal_slots:
             self._journal(rm.JournalRecord(self.gen + 1, rm.FREE, sid), sync=False)
 
@@ -320,12 +311,12 @@ class RegionFiles:
             return
         by_sid = {s.sid: s for s in sessions}
         out = []
-        for sid, ex in self._extents.items():
+        for sid, ex in self.map.items():
             s = by_sid.get(sid) or self._lineage.get(sid)
             if s is None:
                 continue
             out.append(rm.CkSession(sid, s.parent, s.parent_blocks, s.created, s.last_used, s.label,
-                                    _group(ex), [rm.CkSegment(g.offset, g.seq, g.turn, g.first_pos,
+                                    rm.runs(ex), [rm.CkSegment(g.offset, g.seq, g.turn, g.first_pos,
                                                               g.digests, g.checksums)
                                                  for g in s.segments]))
         ck = rm.Checkpoint(self.ckpt_seq + 1, self.gen, max(next_sid, self.next_sid), out)
@@ -338,7 +329,6 @@ class RegionFiles:
 
     # ---------------------------------------------------------------- recovery
     def load(self, layout, alignment: int, start_empty: bool = False):
-        from .region_recovery import recover
         got = recover(self, start_empty)
         if self.short_bytes:
             self._accept_short(got[0])
@@ -366,21 +356,4 @@ class RegionFiles:
                                         f"{self.geo.region_bytes} bytes: {e.strerror}") from None
             self.medium.size = self.geo.region_bytes
         self.short_bytes = 0
-
-
-def new_sid_base() -> int:
-    """A random first session id for a new region: headers left by an earlier region on
-    the same medium then never match a live session."""
-    return (secrets.randbits(30) << 24) + 1
-
-
-def _group(ex: list[int]) -> list[tuple[int, int]]:
-    """Consecutive extent numbers as (start, count) runs, in order."""
-    out: list[list[int]] = []
-    for e in ex:
-        if out and e == out[-1][0] + out[-1][1]:
-            out[-1][1] += 1
-        else:
-            out.append([e, 1])
-    return [(a, b) for a, b in out]
 

@@ -23,6 +23,7 @@ multiple of the device's logical block size)::
 from __future__ import annotations
 
 import json
+import secrets
 import struct
 from dataclasses import dataclass, field
 
@@ -308,3 +309,20 @@ def layout_matches(hdr: dict, layout: KVLayout, alignment: int, fmt: int) -> lis
     want = dict(zip(("fingerprint", "block_bytes", "layers", "alignment", "format"),
                     _fingerprint(layout, alignment, fmt)))
     return [f"{k} {hdr[k]!r} != {v!r}" for k, v in want.items() if hdr[k] != v]
+
+
+def new_sid_base() -> int:
+    """A random first session id for a new region: headers left by an earlier region on
+    the same medium then never match a live session."""
+    return (secrets.randbits(30) << 24) + 1
+
+
+def runs(ex: list[int]) -> list[tuple[int, int]]:
+    """Consecutive extent numbers as (start, count) runs, in order."""
+    out: list[list[int]] = []
+    for e in ex:
+        if out and e == out[-1][0] + out[-1][1]:
+            out[-1][1] += 1
+        else:
+            out.append([e, 1])
+    return [(a, b) for a, b in out]

@@ -2,7 +2,7 @@
 
 ``recover(tier, start_empty)`` fills the tier's extent map and allocator and returns
 ``(sessions, report, {sid: (end of last good segment, allocated bytes)})`` like
-``recovery.load_sessions``.  See ``tiers.region`` for the contract it relies on.
+``tiers.ssd_recovery.load_sessions``.  See ``tiers.region`` for the contract it relies on.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import numpy as np
 from .. import FORMAT_VERSION
 from ..errors import LayoutMismatchError, StoreCorruptError
 from ..layout import SegmentGeometry, align_up
-from ..recovery import count_session, decode_header, header_size_from_prefix
+from ..segment import decode_header, header_size_from_prefix
 from ..sessions import Segment, Session
 from . import region_meta as rm
+from .base import count_session
 
 
 def newest_checkpoint(t, rep: Counter) -> rm.Checkpoint | None:
@@ -79,19 +80,12 @@ def erase_slots(t, stale: list[int], rep: Counter) -> None:
 
 def _add(s: Session, seg: Segment, created: float = 0.0) -> None:
     s.add_segment(seg)
-    s.n_blocks += seg.n_blocks
-    s.note_write(seg.n_blocks)
-    s.tail = (int(seg.digests[-1, 0]), int(seg.digests[-1, 1]))
-    s.last_used = max(s.last_used, created)
+    s.record_write(seg.n_blocks, seg.digests[-1], created)
 
 
 def _truncate(t, sid: int, index: int, rep: Counter) -> None:
     """Drop the session's extents from logical ``index`` on (a newer run took them)."""
-    ex = t._extents[sid]
-    for e in ex[index:]:
-        del t._owner[e]
-    t.used_bytes -= (len(ex) - index) * t.extent_bytes
-    del ex[index:]
+    t.unmap(sid, index)
     rep["truncated_sessions"] += 1
 
 
@@ -136,7 +130,6 @@ def _walk(t, s: Session, rep: Counter) -> None:
 
 
 def recover(t, start_empty: bool):
-    from .region import _group, new_sid_base
     rep: Counter = Counter()
     a = t.config.alignment
     ck = newest_checkpoint(t, rep)
@@ -144,7 +137,7 @@ def recover(t, start_empty: bool):
     erase_slots(t, stale, rep)
     t.ckpt_seq, t.ckpt_gen = (ck.seq, ck.gen) if ck else (0, 0)
     t.gen = recs[-1].gen if recs else t.ckpt_gen
-    next_sid = ck.next_sid if ck else (t.fresh_sid or new_sid_base())
+    next_sid = ck.next_sid if ck else (t.fresh_sid or rm.new_sid_base())
     next_sid = max([next_sid] + [r.sid + 1 for r in recs]
                    + [c.sid + 1 for c in (ck.sessions if ck else [])])
     t.next_sid = next_sid
@@ -160,20 +153,18 @@ def recover(t, start_empty: bool):
         s = Session(cs.sid, cs.parent, cs.parent_blocks, cs.created, cs.last_used, cs.label,
                     durable=True)
         for start, count in cs.runs:
-            if any(e in t._owner for e in range(start, start + count)) or \
+            if any(t.map.owner(e) for e in range(start, start + count)) or \
                     start + count > t.geo.n_extents:
                 raise StoreCorruptError(f"{t.path_}: checkpoint {ck.seq} maps extent run "
                                         f"({start}, {count}) twice or past the region")
-            t._map(cs.sid, start, count)
+            t.map_run(cs.sid, start, count)
         for g in cs.segments:
             geo = SegmentGeometry(t.layout, g.digests.shape[0], a)
             _add(s, Segment(g.offset, geo, g.digests, g.checksums, g.seq, g.turn, g.first_pos))
         sessions[cs.sid] = s
     for r in recs:
         if r.kind == rm.FREE:
-            for e in t._extents.get(r.sid, []):
-                del t._owner[e]
-            t.used_bytes -= len(t._extents.pop(r.sid, [])) * t.extent_bytes
+            t.unmap(r.sid)
             sessions.pop(r.sid, None)
             continue
         if r.start + r.count > t.geo.n_extents or r.count <= 0:
@@ -182,13 +173,13 @@ def recover(t, start_empty: bool):
         if r.sid not in sessions:
             sessions[r.sid] = Session(r.sid, r.parent, r.parent_blocks, r.created, r.created,
                                       r.label, durable=True)
-        if r.logical != len(t._extents.get(r.sid, [])):
+        if r.logical != t.map.count(r.sid):
             rep["journal_runs_skipped"] += 1        # its session was truncated before it
             continue
         for e in range(r.start, r.start + r.count):
-            if e in t._owner:
-                _truncate(t, *t._owner[e], rep)
-        t._map(r.sid, r.start, r.count)
+            if t.map.owner(e):
+                _truncate(t, *t.map.owner(e), rep)
+        t.map_run(r.sid, r.start, r.count)
     out, ends = [], {}
     for sid, s in sorted(sessions.items()):
         limit = t.file_bytes(sid)
@@ -208,8 +199,8 @@ def recover(t, start_empty: bool):
         out.append(s)
         ends[sid] = (s.write_offset, limit)
         count_session(rep, s)
-    for sid, ex in t._extents.items():
-        for start, count in _group(ex):
+    for sid, ex in t.map.items():
+        for start, count in rm.runs(ex):
             if not t.alloc.take_at(start, count):
                 raise StoreCorruptError(f"{t.path_}: extent run ({start}, {count}) owned twice")
     t.loaded = True

@@ -7,13 +7,8 @@ flat 48-bit space, so a block's SSD address is ``extent * extent_bytes +
 offset_in_extent``; ``locate`` turns it back into (session, file offset) with
 one dict lookup.  Extent numbers are reused after reclaim.
 
-The store talks to an SSD tier only through this interface, which
-``tiers.region.RegionFiles`` (one block device or pre-sized file) implements too:
-``open_session``, ``growth``/``ensure`` (space for a segment, returns where it goes),
-``write_segment``, ``io_at`` (session offset -> (path, offset) for the engine),
-``address``/``locate``, ``release``, ``load`` (recovery), ``zero_at``, ``cleanup``,
-``note_segment``/``wants_checkpoint``/``checkpoint`` (no-ops here: every file carries
-its own manifest), ``close``.
+This is one ``tiers.base.SSDTier`` (the interface and its contracts); every file
+carries its own manifest, so the checkpoint calls are the base's no-ops.
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ import errno
 import heapq
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,43 +27,16 @@ from ..errors import IOEngineError, NotStoredError
 from ..io.base import IOEngine
 from ..layout import SegmentGeometry
 from ..private_fs import open_file, private_dir
-from ..recovery import (SegmentHeader, atomic_write_json, block_checksums, load_sessions)
+from ..recovery import atomic_write_json
+from ..segment import write_segment_at
 from ..sessions import Segment, Session
+from .base import ExtentMap, SSDTier
+from .ssd_recovery import load_sessions
 
 log = logging.getLogger("sglang_flatcake")
 
 
-def write_segment_at(engine: IOEngine, path: str, offset: int, geo: SegmentGeometry, sid: int,
-                     digests: np.ndarray, blocks: np.ndarray, seq: int, turn: int, first_pos: int,
-                     durable: bool, logical_offset: int | None = None) -> Segment:
-    """Write one layer-major segment at ``offset`` of ``path``.
-
-    Data first, then (after fdatasync when ``durable``) the header that commits it, so a
-    crash leaves either a whole segment or a torn one that recovery drops.  ``blocks`` is
-    ``(n, layers, block_layer_bytes)``; the space must already be allocated.  The returned
-    segment sits at ``logical_offset`` (default ``offset``).  Raises ``NotStoredError``.
-    """
-    lay = geo.layout
-    data = engine.alloc(geo.data_bytes)
-    sections = data.reshape(lay.layers, geo.layer_stride)
-    body = sections[:, :geo.layer_bytes].reshape(lay.layers, geo.n_blocks, lay.block_layer_bytes)
-    np.copyto(body, blocks.transpose(1, 0, 2))
-    sections[:, geo.layer_bytes:] = 0
-    hdr = SegmentHeader(sid, seq, max(0, int(turn)), first_pos, digests, block_checksums(body))
-    try:
-        engine.write(path, offset + geo.header_bytes, data)
-        if durable:
-            engine.sync(path)
-        engine.write(path, offset, hdr.encode(lay, geo.alignment))
-        if durable:
-            engine.sync(path)
-    except IOEngineError as e:
-        raise NotStoredError(f"segment write to {path} at {offset} failed: {e}") from None
-    off = offset if logical_offset is None else logical_offset
-    return Segment(off, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, first_pos)
-
-
-class SessionFiles:
+class SessionFiles(SSDTier):
     def __init__(self, root: Path, engine: IOEngine, extent_bytes: int, capacity_bytes: int,
                  max_step_bytes: int = 256 << 20, read_only: bool = False) -> None:
         self.dir = root / "sessions"
@@ -77,8 +46,7 @@ class SessionFiles:
         self.extent_bytes = extent_bytes
         self.capacity_bytes = capacity_bytes
         self.max_step_bytes = max(max_step_bytes, extent_bytes)
-        self._extents: dict[int, list[int]] = {}          # sid -> logical extent numbers
-        self._owner: dict[int, tuple[int, int]] = {}      # extent -> (sid, index in file)
+        self.map = ExtentMap(extent_bytes)
         self._free: list[int] = []
         self._next = 0
         self.used_bytes = 0
@@ -88,9 +56,6 @@ class SessionFiles:
 
     def manifest_path(self, sid: int) -> Path:
         return self.dir / f"s{sid:016x}.json"
-
-    def file_bytes(self, sid: int) -> int:
-        return len(self._extents.get(sid, ())) * self.extent_bytes
 
     def _take_extent(self) -> int:
         if self._free:
@@ -102,11 +67,8 @@ class SessionFiles:
         return e
 
     def _map(self, sid: int, count: int) -> None:
-        exts = self._extents.setdefault(sid, [])
-        while len(exts) < count:
-            e = self._take_extent()
-            self._owner[e] = (sid, len(exts))
-            exts.append(e)
+        while self.map.count(sid) < count:
+            self.map.add(sid, [self._take_extent()])
 
     next_sid = 1                  # session ids start here (recovery raises it)
 
@@ -121,6 +83,10 @@ class SessionFiles:
             what = "disk full" if e.errno == errno.ENOSPC else "cannot write"
             raise NotStoredError(f"{what}: session manifest {self.manifest_path(s.sid)}: "
                                  f"{e.strerror or e}") from None
+
+    def reset(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = private_dir(self.dir)
 
     def growth(self, sid: int, offset: int, nbytes: int) -> int:
         """Bytes of new space a segment of ``nbytes`` at ``offset`` needs (at least)."""
@@ -175,22 +141,9 @@ class SessionFiles:
         self._map(sid, count)
         self.used_bytes += count * self.extent_bytes
 
-    def address(self, sid: int, file_offset: int) -> int:
-        """Flat SSD offset of ``file_offset`` in the session's file."""
-        exts = self._extents[sid]
-        i, r = divmod(file_offset, self.extent_bytes)
-        return exts[i] * self.extent_bytes + r
-
-    def locate(self, flat_offset: int) -> tuple[int, int]:
-        """(session, file offset) of a flat SSD offset; ``KeyError`` if unmapped."""
-        e, r = divmod(flat_offset, self.extent_bytes)
-        sid, i = self._owner[e]
-        return sid, i * self.extent_bytes + r
-
     def release(self, sid: int) -> None:
         """Forget and delete the session's file and manifest; its extents become free."""
-        for e in self._extents.pop(sid, []):
-            del self._owner[e]
+        for e in self.map.drop(sid):
             heapq.heappush(self._free, e)
             self.used_bytes -= self.extent_bytes
         path = self.path(sid)
@@ -235,15 +188,3 @@ class SessionFiles:
                 p.unlink()
         for p in self.dir.glob("*.tmp"):
             p.unlink()
-
-    def note_segment(self) -> None:
-        """A segment was committed (nothing to do: files need no checkpoint)."""
-
-    def wants_checkpoint(self) -> bool:
-        return False
-
-    def checkpoint(self, sessions, next_sid: int) -> None:
-        """No-op: each session file carries its own manifest and headers."""
-
-    def close(self) -> None:
-        """Nothing held beyond the engine's descriptors."""

@@ -9,26 +9,10 @@ import numpy as np
 
 from ...config import FlatCakeConfig
 from ...errors import IOEngineError
-from ...read_lease import ReadLease
+from ...read.read_lease import ReadLease
 from ...store import FlatCakeStore
 from ..flags import SCALED
 from .base import DataPool, RequestState, System, SystemContext
-
-
-class _ReplayStore(FlatCakeStore):
-    """``FlatCakeStore`` with one shortcut that changes no decision: ``_maybe_reclaim``
-    returns at once when no medium is past its high watermark (the store builds
-    every session's usage on each write first: O(sessions) per put, which made a
-    12K-request chat trace take ~10 minutes per replay)."""
-
-    def _maybe_reclaim(self, ssd_extra: int = 0) -> list[int]:
-        cfg = self.config
-        try:
-            idle = (self.ssd.used_bytes + ssd_extra <= cfg.high_watermark * cfg.ssd_bytes
-                    and self.arena.used_bytes <= cfg.high_watermark * self.arena.capacity_bytes)
-        except AttributeError:          # the store changed shape: take its own path
-            idle = False
-        return [] if idle else super()._maybe_reclaim(ssd_extra)
 
 
 class _Restore:
@@ -75,7 +59,7 @@ class FlatCake(System):
         self.config = FlatCakeConfig(**{**dict(memory_bytes=ctx.memory_bytes, ssd_bytes=ctx.ssd_bytes,
                                                extent_bytes=extent, io_threads=ctx.io_threads,
                                                durable=False, verify_reads=True), **over})
-        self.store = _ReplayStore(ctx.root / "store", s.layout, self.config)
+        self.store = FlatCakeStore(ctx.root / "store", s.layout, self.config)
         # size constants of the store scale with the bytes, like the budgets (see sizes)
         if hasattr(self.store.ssd, "max_step_bytes"):
             self.store.ssd.max_step_bytes = max(self.config.extent_bytes,

@@ -1,13 +1,11 @@
 """Read planning: the blocks a request needs -> few large, sorted, aligned reads.
 
-Every wanted (layer, block) range is sorted by (file, offset); adjacent ranges
-merge, and gaps smaller than ``merge_gap`` are read through.  With
-``split_layers`` (the default) a command never spans two layers, so restoring
-layer l of a session written in T turns takes at most T commands and a full
-restore at most layers x T.  Commands are aligned outward to ``alignment``.
-
-Each wanted range becomes a *piece*: where its bytes sit inside its command's
-buffer, which request block and layer it fills, and its checksum.
+Every wanted (layer, block) range is sorted by (file, offset); adjacent ranges merge,
+and gaps smaller than ``merge_gap`` are read through.  With ``split_layers`` (the
+default) a command never spans two layers, so restoring layer l of a session written in
+T turns takes at most T commands and a full restore at most layers x T.  Commands are
+aligned outward to ``alignment``.  Each wanted range becomes a *piece*: where its bytes
+sit inside its command's buffer, which request block and layer it fills, its checksum.
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .io.base import ReadCommand
-from .layout import SegmentGeometry
+from ..io.base import ReadCommand
+from ..layout import SegmentGeometry
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from .processes import Managed, wait_until
+from .server import free_port
 
 BACKENDS = ("none", "file", "mooncake", "flatcake")
 
@@ -53,11 +53,13 @@ def backend_extra_config(backend: str, store_dir: str, mooncake_port: int | None
     return None
 
 
-class MooncakeMaster:
+class MooncakeMaster(Managed):
     """A ``mooncake_master`` on 127.0.0.1 for one server; stopped on exit."""
 
+    grace = 20
+
     def __init__(self, log_path: str | Path, port: int | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.log_path = str(log_path)
         self.proc: subprocess.Popen | None = None
 
@@ -66,42 +68,23 @@ class MooncakeMaster:
         self.proc = subprocess.Popen(["mooncake_master", "--rpc_address=127.0.0.1",
                                       f"--rpc_port={self.port}"], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+
+        def listening() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}; "
                                    f"log: {self.log_path}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self
+                    return True
             except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"mooncake_master not listening on {self.port} after {timeout}s")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
+                return False             # not listening yet
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+            wait_until(listening, timeout, f"mooncake_master to listen on {self.port}", 0.2)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
 
-    def __enter__(self) -> "MooncakeMaster":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def extra_config_flag(cfg: dict | None) -> list[str]:

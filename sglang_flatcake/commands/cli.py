@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from .errors import FlatCakeError
+from ..errors import FlatCakeError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,8 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     from . import bench_restore, demo
-    from .replay import run as replay_run
-    from .replay import tune
+    from ..replay import run as replay_run
+    from ..replay import tune
 
     d = sub.add_parser("demo", help="a real SGLang server with flatcake replaying a bundled agent "
                                     "trace through bench_serving (CPU, no download)")
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "inspect":
             from . import inspect_store
-            from .config import parse_bytes
+            from ..config import parse_bytes
             ssd = parse_bytes(args.ssd_bytes, "--ssd-bytes") if args.ssd_bytes else None
             return inspect_store.run(args.dir, args.verify, args.json, ssd)
         if args.cmd == "patch":

@@ -1,7 +1,7 @@
 """Block checksums: XXH3-64 of each (layer, block) range, on the host and on a device.
 
 One function everywhere: the write side stores ``xxhash.xxh3_64`` (seed 0) of every
-(layer, block) range in the segment header (``recovery.block_checksums``); a read checks the bytes where they land:
+(layer, block) range in the segment header (``segment.block_checksums``); a read checks the bytes where they land:
 
 - host memory: ``verify_host`` (the xxhash C library, GIL released per call);
 - device memory: ``kernels/checksum.cu`` (one warp per piece, see its header), launched

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 SGLANG_VERSION = "0.5.23"
-PATCH_DIR = Path(__file__).resolve().parent.parent / "patches" / f"sglang-{SGLANG_VERSION}"
+PATCH_DIR = Path(__file__).resolve().parents[2] / "patches" / f"sglang-{SGLANG_VERSION}"
 HOOK_TARGETS = (
     "sglang.srt.server_args.ServerArgs.add_cli_args",
     "sglang.srt.server_args.ServerArgs.from_cli_args",

@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from . import device as dv
-from .layout import KVLayout
+from ..layout import KVLayout
 
 KERNEL = "scatter.cu"
 KERNEL_PATH = dv.kernel_path(KERNEL)

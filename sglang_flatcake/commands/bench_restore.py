@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import FlatCakeConfig
-from .io.base import ReadCommand
-from .io.posix import PosixEngine
-from .layout import KVLayout
-from .placement import WriteSignals
-from .store import FlatCakeStore
+from ..config import FlatCakeConfig
+from ..io.base import ReadCommand
+from ..io.posix import PosixEngine
+from ..layout import KVLayout
+from ..placement import WriteSignals
+from ..store import FlatCakeStore
 
 
 def drop_page_cache(paths: list[str]) -> bool:

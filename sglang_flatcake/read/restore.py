@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-from .errors import IOEngineError
-from .io.base import IOEngine
+from ..errors import IOEngineError
+from ..io.base import IOEngine
 from .planner import ReadPlan
 
 

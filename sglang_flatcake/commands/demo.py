@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from .demo_report import print_flatcake_counters, print_table, plot
+from .processes import wait_until
 
 ROW_KEYS = ("requests_sent", "requests_served", "output_tokens", "device_tokens", "host_tokens",
             "storage_tokens", "backup_tokens", "ttft_s_mean", "ttft_s_p99", "wall_s")
@@ -92,22 +93,26 @@ def backup_tokens(server, settle_s: float = 3.0, timeout: float = 120.0) -> int:
 
 
 def flush(server, timeout: float = 120) -> None:
-    """POST /flush_cache until SGLang accepts it (it refuses while work is in flight)."""
-    deadline = time.time() + timeout
-    while True:
+    """POST /flush_cache until SGLang accepts it (it refuses, HTTP 400, while work is in
+    flight); ``DemoFailure`` after ``timeout`` seconds or on any other answer."""
+    def accepted() -> bool:
         req = urllib.request.Request(server.url + "/flush_cache", data=b"", method="POST")
         try:
             with urllib.request.urlopen(req, timeout=120):
-                return
+                return True
         except urllib.error.HTTPError as e:
-            if e.code != 400 or time.time() > deadline:
-                raise DemoFailure(f"/flush_cache refused for {timeout}s: HTTP {e.code}") from None
-        time.sleep(1)
+            if e.code != 400:
+                raise DemoFailure(f"/flush_cache answered HTTP {e.code}") from None
+            return False
+    try:
+        wait_until(accepted, timeout, "SGLang to accept /flush_cache", every=1.0)
+    except TimeoutError:
+        raise DemoFailure(f"/flush_cache refused for {timeout}s: HTTP 400") from None
 
 
 def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=None) -> list[str]:
-    from .sglang.peers import backend_extra_config, extra_config_flag
-    from .sglang.server import cpu_server_args
+    from .peers import backend_extra_config, extra_config_flag
+    from .server import cpu_server_args
     cfg = backend_extra_config(backend, str(store), mooncake_port)
     if args.model_path:
         out = ["--model-path", model, "--enable-cache-report", "--page-size", str(args.page_size)]
@@ -125,9 +130,9 @@ def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=N
 
 def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
     """Start one server for ``backend``, replay ``--passes`` times, stop it; one row."""
-    from .sglang.peers import MooncakeMaster
-    from .sglang.replay_client import replay, summarize
-    from .sglang.server import ServerProcess
+    from .peers import MooncakeMaster
+    from .replay_client import replay, summarize
+    from .server import ServerProcess
 
     store = Path(args.store_dir) / backend if args.store_dir and args.compare else \
         Path(args.store_dir) if args.store_dir else work / f"store-{backend}"
@@ -189,9 +194,9 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from .sglang.peers import BACKENDS, mooncake_missing
-    from .sglang.replay_client import load_trace
-    from .sglang.trace_slice import SLICE
+    from .peers import BACKENDS, mooncake_missing
+    from .replay_client import load_trace
+    from .trace_slice import SLICE
 
     work = Path(tempfile.mkdtemp(prefix="flatcake-demo-"))
     trace = Path(args.trace) if args.trace else SLICE
@@ -203,7 +208,7 @@ def _run(args) -> int:
         if need + 6 > args.max_total_tokens:       # SGLang keeps 5 tokens of the pool back
             raise DemoFailure(f"the longest request of {trace.name} needs {need} tokens but "
                               f"--max-total-tokens is {args.max_total_tokens}; raise it")
-        from .sglang.tiny_model import build_tiny_llama
+        from .tiny_model import build_tiny_llama
         ctx = max(16384, 1 << (need + 6 - 1).bit_length())
         print(f"[demo] building a tiny random Llama (no download, context {ctx}) ...",
               file=sys.stderr)

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from . import device as dv
-from .errors import IOEngineError
+from ..errors import IOEngineError
 from .scatter import scatter_layer, warm_up
 from .window import LayerWindow, RestoreStats
 

@@ -1,23 +1,22 @@
 """Start and stop a real ``sglang.launch_server`` with flatcake, for the demo, benchmarks and tests.
 
 ``ServerProcess`` launches the server in its own process group, waits for
-``/health_generate``, and kills the whole group on ``stop()``.  The arguments
-for a CPU server follow shared notes: ``--device cpu --model-impl
-transformers`` with a capped ``--max-total-tokens``.
+``/health_generate``, and kills the whole group on ``stop()``.  A CPU server runs with
+``--device cpu --model-impl transformers`` and a capped ``--max-total-tokens``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from .processes import Managed, wait_until
 
 
 def free_port() -> int:
@@ -28,8 +27,7 @@ def free_port() -> int:
 
 def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: str = "flatcake",
                     max_total_tokens: int = 8192, hicache_ratio: float = 2.0,
-                    extra: list[str] | None = None,
-                    extra_config: dict | None = None) -> list[str]:
+                    extra: list[str] | None = None, extra_config: dict | None = None) -> list[str]:
     """Arguments for a CPU HiCache server with ``backend`` as the storage tier.
 
     ``extra_config`` is the backend's ``--hicache-storage-backend-extra-config``
@@ -51,7 +49,7 @@ def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: st
     return args + list(extra or [])
 
 
-class ServerProcess:
+class ServerProcess(Managed):
     def __init__(self, args: list[str], port: int | None = None, log_path: str | None = None,
                  env: dict | None = None) -> None:
         self.port = port or free_port()
@@ -66,21 +64,23 @@ class ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *self.args],
                                      stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+
+        def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} while starting: "
                                    f"{self.failure_line()} (log: {self.log_path})")
             try:
                 with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as r:
-                    if r.status == 200:
-                        return self
+                    return r.status == 200
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(1)
-        self.stop()
-        raise TimeoutError(f"server not healthy after {timeout}s: {self.failure_line()} "
-                           f"(log: {self.log_path})")
+                return False             # not listening yet
+        try:
+            wait_until(healthy, timeout, "the server to answer /health_generate", every=1.0)
+        except TimeoutError:
+            self.stop()
+            raise TimeoutError(f"server not healthy after {timeout}s: {self.failure_line()} "
+                               f"(log: {self.log_path})") from None
+        return self
 
     def tail(self, n: int = 4000) -> str:
         if not self.log_path or not Path(self.log_path).exists():
@@ -109,22 +109,3 @@ class ServerProcess:
     def get(self, path: str, timeout: float = 60) -> str:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
             return r.read().decode()
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=30)
-
-    def __enter__(self) -> "ServerProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

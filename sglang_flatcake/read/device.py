@@ -36,8 +36,8 @@ NULL = np.uint64(0)        # a null pointer kernel argument (CuPy takes no None)
 
 def is_null(arg) -> bool:
     return arg is None or (isinstance(arg, np.integer) and int(arg) == 0)
-KERNEL_DIRS = (Path(__file__).resolve().parents[1] / "kernels",   # a source checkout
-               Path(__file__).resolve().parent / "kernels")        # an installed wheel
+KERNEL_DIRS = (Path(__file__).resolve().parents[2] / "kernels",   # a source checkout
+               Path(__file__).resolve().parents[1] / "kernels")    # an installed wheel
 
 
 def kernel_path(name: str) -> Path:
@@ -308,7 +308,7 @@ class EmuKvikio:
 
 def window_engine(device: Device, alignment: int, threads: int):
     """The engine that reads files straight into ``device`` memory (kvikio)."""
-    from .io.kvikio_engine import KvikioEngine
+    from ..io.kvikio_engine import KvikioEngine
     if device is EMULATED:
         return KvikioEngine(alignment=alignment, threads=threads, kvikio_module=EmuKvikio,
                             array_module=EmuXP)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from .config import FlatCakeConfig
-from .store import FlatCakeStore
+from ..config import FlatCakeConfig
+from ..store import FlatCakeStore
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,10 @@ class TwoQueuePolicy:
         r.started_at = self.clock()
         self._inflight[r.rid] = r
 
+    def in_flight(self, rid: str) -> bool:
+        """Whether ``rid`` has a prefetch started and not yet done."""
+        return rid in self._inflight
+
     def prefetch_done(self, rid: str) -> None:
         """The request's KV is in device memory: it joins the ready queue at its arrival
         position, and its restore time updates ``restore_rate``.  ``KeyError`` if ``rid``

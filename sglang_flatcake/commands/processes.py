@@ -1,0 +1,60 @@
+"""Waiting on the helper processes the demo starts (an SGLang server, a Mooncake master).
+
+``wait_until(cond, timeout, what)`` polls ``cond()`` until it returns something true (and
+returns that), or raises ``TimeoutError`` naming ``what``; a ``cond`` that raises stops
+the wait with its error.  ``stop_group(proc, grace)`` ends a process started with
+``start_new_session=True``: SIGTERM to its group, SIGKILL after ``grace`` seconds; a
+no-op when it has exited.  ``Managed`` gives a helper process class (``start`` returning
+itself, ``proc``, ``grace``) its ``stop`` and the ``with`` protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+
+def wait_until(cond, timeout: float, what: str, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+def stop_group(proc: subprocess.Popen | None, grace: float) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return                       # it ended between the two signals
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        return                           # it ended before the first one
+
+
+class Managed:
+    proc: subprocess.Popen | None = None
+    grace: float = 60.0
+
+    def start(self):
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        stop_group(self.proc, self.grace)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

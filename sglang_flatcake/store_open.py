@@ -1,0 +1,116 @@
+"""Opening a store: the directory lock, the manifest, recovery.
+
+Called by ``FlatCakeStore.__init__`` only.  A refused start raises before the
+store answers a call, and the store's ``close()`` then releases what was taken.
+Recovery rebuilds the session table and the index from what the SSD tier scans
+(session files or the region's checkpoint and journal); a session left with no
+segment is released, a torn header zeroed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from .config import FlatCakeConfig
+from .errors import FlatCakeError, LayoutMismatchError, UnsafeStoreError
+from .layout import KVLayout
+from .private_fs import open_file
+from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, read_json,
+                       store_manifest)
+from .tiers.ssd_recovery import check_orphan_files
+
+log = logging.getLogger("sglang_flatcake")
+
+
+def take_lock(root: Path) -> int:
+    """An exclusive lock on ``root/.lock``; ``FlatCakeError`` when another process holds it."""
+    try:
+        fd = open_file(root / ".lock", os.O_RDWR, create=True)[0]
+    except OSError as e:
+        raise UnsafeStoreError(f"cannot open the lock file {root / '.lock'}: "
+                               f"{e.strerror} (a symlink is never followed)") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FlatCakeError(f"store {root} is in use by another process "
+                            "(each server rank needs its own store directory)") from None
+    return fd
+
+
+def check_manifest(st) -> None:
+    """Check (or write) ``flatcake.json`` against the store's layout; a tier that keeps
+    the layout on its medium (a region) checked it when it opened."""
+    mpath = st.root / STORE_MANIFEST
+    if st.ssd.keeps_layout:
+        return
+    if mpath.exists():
+        try:
+            check_store_manifest(read_json(mpath), st.layout, st.config.alignment, st.root)
+        except LayoutMismatchError:
+            if st.read_only or st.config.on_layout_mismatch != "reset":
+                raise
+            log.warning("store %s: layout mismatch, resetting it empty as asked", st.root)
+            st.ssd.reset()
+            atomic_write_json(mpath, store_manifest(st.layout, st.config.alignment))
+    elif not st.read_only:
+        check_orphan_files(st.ssd.dir, st.layout, st.config.alignment, st.root,
+                           st.config.on_layout_mismatch == "reset")
+        atomic_write_json(mpath, store_manifest(st.layout, st.config.alignment))
+
+
+def recover(st) -> dict:
+    """Rebuild the session table and the index from the SSD tier; returns the report."""
+    t = st.table
+    sessions, rep, torn = st.ssd.load(st.layout, st.config.alignment,
+                                      st.config.start_empty and not st.read_only)
+    t.next_sid = max(t.next_sid, st.ssd.next_sid)
+    for s in sessions:
+        t.next_sid = max(t.next_sid, s.sid + 1)
+        if not s.segments:
+            if not st.read_only:
+                st.ssd.release(s.sid)
+            continue
+        t.add(s)
+        st.ssd.adopt(s.sid, torn[s.sid][1])
+        for seg in s.segments:
+            t.index_segment(s, seg)
+        torn_at, size = torn[s.sid]
+        if not st.read_only and size - torn_at >= st.config.alignment:
+            # zero a torn header, if any, so a later scan cannot misread it
+            st.ssd.zero_at(s.sid, torn_at, st.config.alignment)
+    for s in t.sessions.values():
+        if s.parent is not None and s.parent >= s.sid:   # a parent is always older
+            log.warning("store %s: session %d names %d as its parent; treated as a root",
+                        st.root, s.sid, s.parent)
+            s.parent, rep["bad_parents"] = None, rep["bad_parents"] + 1
+        if s.parent in t.sessions:
+            t.sessions[s.parent].children.add(s.sid)
+    if not st.read_only:
+        st.ssd.cleanup(set(t.sessions), rep)
+    if rep:
+        log.info("store %s recovered: %s", st.root, dict(rep))
+    return dict(rep)
+
+
+def existing(root, config: FlatCakeConfig | None):
+    """``(root, layout, config, scratch)`` to open the store at ``root`` with the layout
+    its manifest records: a directory's ``flatcake.json``, or a region's superblock (then
+    ``root`` is a new scratch directory, ``scratch`` True)."""
+    base = config or FlatCakeConfig()
+    scratch = False
+    if Path(root).exists() and not Path(root).is_dir():
+        from .tiers.region_meta import read_region_manifest
+        m, region_bytes = read_region_manifest(root)
+        base = FlatCakeConfig(**{**base.to_dict(), "ssd_path": str(root),
+                                 "ssd_bytes": region_bytes})
+        root, scratch = tempfile.mkdtemp(prefix="flatcake-inspect-"), True
+    else:
+        m = read_json(Path(root) / STORE_MANIFEST)
+    if base.alignment != m.get("alignment"):
+        base = FlatCakeConfig(**{**base.to_dict(), "alignment": m["alignment"]})
+    return root, KVLayout.from_dict(m["layout"]), base, scratch
