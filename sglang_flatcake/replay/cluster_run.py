@@ -21,10 +21,11 @@ from types import SimpleNamespace
 from ..errors import FlatCakeError
 from ..sched.queues import AGING
 from .clock import EventLoop, SharedDisk
-from .cluster import MEASURED_FROM, ROUTINGS, ClusterReplay, RemoteModel, Router, moved_turns, \
-    open_nodes
+from .cluster import ClusterReplay, open_nodes
 from .metrics import infinite_cache_hits, summarize
 from .policy import make_policy
+from .remote import MEASURED_FROM, RemoteModel
+from .router import ROUTINGS, Router, moved_turns
 from .systems.base import IoCounters, SystemContext
 from .traces import arrivals
 
