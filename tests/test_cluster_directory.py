@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from sglang_flatcake.cluster.directory import DirectoryError, RedisDirectory
+from sglang_flatcake.cluster.directory import DirectoryError
+from sglang_flatcake.cluster.redis_directory import RedisDirectory
 from sglang_flatcake.errors import ConfigError
 
 from conftest import chain, extend

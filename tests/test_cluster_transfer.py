@@ -20,7 +20,7 @@ pytest.importorskip("zmq", reason="pyzmq not installed")
 
 from redis_fixture import redis_url  # noqa: E402,F401  (fixture)
 
-from sglang_flatcake.cluster.directory import RedisDirectory  # noqa: E402
+from sglang_flatcake.cluster.redis_directory import RedisDirectory  # noqa: E402
 from sglang_flatcake.cluster.owner_main import session_blocks, session_keys  # noqa: E402
 from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
 from sglang_flatcake.cluster.transfer import Engine  # noqa: E402

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     put_s = time.perf_counter() - t
     directory = None
     if a.redis:
-        from .directory import RedisDirectory
+        from .redis_directory import RedisDirectory
         directory = RedisDirectory(a.redis)
     engine = Engine(a.host)
     svc = OwnerService(store, engine, directory, host=a.host, slots=a.slots,
