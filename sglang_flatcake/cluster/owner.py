@@ -1,19 +1,5 @@
-"""The owner side: serve a stored session's blocks to other nodes.
-
-Protocol (JSON over a ZeroMQ REP socket bound to the operator's address):
-
-- ``{"op": "fetch", "tenant": T, "keys": [...]}`` -> ``{"hits": n, "lease": id, "peer": te,
-  "addr": a, "bytes": b, "checksums": [[...] per block]}``.  The owner reads the leading
-  stored run of ``keys`` that ``T`` published (``FlatCakeStore.get``: merged O_DIRECT reads of
-  the SSD pieces, one command per merged range, straight into a registered staging slot)
-  and holds the slot for the requester until it acks or ``lease_s`` passes.  The slot is
-  contiguous, so the requester pulls it with one transfer.  ``hits == 0`` is a miss (not
-  stored, another tenant's keys, or every slot busy).
-  Checksums are the store's own for SSD blocks (``get`` has just verified the bytes against
-  them) and hashed from the staged bytes for memory blocks.
-- ``{"op": "ack", "lease": id}`` -> ``{"valid": bool}``: frees the slot; ``valid`` is true
-  only when the lease was still held (the slot was not reused) *and* the store still holds
-  the run (``exists``): a session reclaimed while the transfer ran is a miss, never served.
+"""The owner side: serve a stored session's blocks to other nodes (the messages are
+``wire``'s).
 
 The owner takes the store's read lease (``FlatCakeStore.read_lease``) on the run before
 reading it and keeps it until the ack or the lease's end, so reclaim cannot take the session
@@ -31,33 +17,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
-import xxhash
-
 from ..errors import ConfigError, FlatCakeError
 from .directory import Directory, tenant_tag
 from .transfer import Engine, check_host
+from .wire import block_checksums, stored_checksums
 
 log = logging.getLogger("sglang_flatcake")
-
-
-def block_checksums(blocks: np.ndarray, known: np.ndarray | None = None) -> list[list[int]]:
-    """xxh3_64 of every (block, layer) of ``(n, layers, block_layer_bytes)``, as the store
-    writes them; a nonzero ``known[i, j]`` (the store's own checksum) is taken as is."""
-    h = xxhash.xxh3_64_intdigest
-    n, layers = blocks.shape[:2]
-    return [[int(known[i, j]) if known is not None and known[i, j] else h(blocks[i, j])
-             for j in range(layers)] for i in range(n)]
-
-
-def stored_checksums(store, keys: list[str]) -> np.ndarray:
-    """The store's checksums of the SSD pieces of ``keys`` (``plan``: no I/O), 0 where a
-    block is not on SSD (memory tier) -- those are hashed from the staged bytes."""
-    plan = store.plan(keys)
-    known = np.zeros((len(keys), store.layout.layers), np.uint64)
-    keep = plan.piece_dest < len(keys)
-    known[plan.piece_dest[keep], plan.piece_layer[keep]] = plan.piece_checksum[keep]
-    return known
 
 
 @dataclass

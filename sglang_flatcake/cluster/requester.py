@@ -23,6 +23,7 @@ import xxhash
 from ..errors import ConfigError
 from ..layout import KVLayout
 from .transfer import Engine
+from .wire import ack_request, fetch_request
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class RemoteReader:
         chunks = [(i, keys[i:i + self.chunk_blocks]) for i in range(0, len(keys), self.chunk_blocks)]
         good, moved, reason, t_grant, cmds = 0, 0, "", 0.0, 0
         acks: list[list] = []       # [chunk start, socket until answered else None, answer]
-        pending = self._send(endpoint, {"op": "fetch", "tenant": tenant, "keys": chunks[0][1]})
+        pending = self._send(endpoint, fetch_request(tenant, chunks[0][1]))
         for k, (start, ck) in enumerate(chunks):
             grant = self._recv(pending, deadline)
             pending = None
@@ -119,8 +120,7 @@ class RemoteReader:
             if acks and acks[-1][1] is not None:   # the previous chunk's slot is free again
                 acks[-1][1:] = [None, self._recv(acks[-1][1], deadline)]   # before a fetch
             if k + 1 < len(chunks) and n == len(ck):          # the owner reads the next chunk
-                pending = self._send(endpoint, {"op": "fetch", "tenant": tenant,
-                                                "keys": chunks[k + 1][1]})
+                pending = self._send(endpoint, fetch_request(tenant, chunks[k + 1][1]))
             if on_grant is not None:
                 on_grant(grant)
             r = self.engine.read(grant["peer"], [self.buf_addr + start * self.layout.block_bytes],
@@ -136,7 +136,7 @@ class RemoteReader:
             moved += nbytes
             ok = self._verified(start, n, grant["checksums"])
             # ack now: the owner frees the slot and says whether the run is still stored
-            acks.append([start, self._send(endpoint, {"op": "ack", "lease": grant["lease"]}), None])
+            acks.append([start, self._send(endpoint, ack_request(grant["lease"])), None])
             good = start + ok
             if ok < n:
                 reason = "checksum"
@@ -146,7 +146,7 @@ class RemoteReader:
         if pending is not None:       # a chunk the loop stopped before: give its lease back
             late = self._recv(pending, deadline)
             if late and late.get("lease"):
-                self._recv(self._send(endpoint, {"op": "ack", "lease": late["lease"]}), deadline)
+                self._recv(self._send(endpoint, ack_request(late["lease"])), deadline)
         for start, sock, ack in acks:
             ack = ack if sock is None else self._recv(sock, deadline)
             if ack is None or not ack.get("valid"):
