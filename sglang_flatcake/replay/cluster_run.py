@@ -4,7 +4,7 @@ nodes are added, with the cluster (remote restores) on and off.
 Each node is the ``flatcake`` system with the one-node budgets (``--memory-*``,
 ``--ssd-*``); the trace's load (``--rates``, for the whole cluster) is spread over the
 nodes.  Remote reads are modelled on the measured remote restore
-(``cluster.MEASURED_FROM``), or ``--remote-gib-s`` / ``--remote-rtt-ms``.  One row per
+(``remote.MEASURED_FROM``), or ``--remote-gib-s`` / ``--remote-rtt-ms``.  One row per
 rate, node count, routing and cluster on/off (one node: one row); stdout gets the table,
 ``--json`` the rows and ``--plot`` a PNG.
 """
