@@ -10,12 +10,11 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import xxhash
+from cu_harness import compile_harness
 
 from sglang_flatcake.read import checksum as ck
 from sglang_flatcake.read import device as dv
@@ -85,16 +84,8 @@ extern "C" int run(unsigned gx, unsigned bx, const unsigned char* win, const lon
 
 @pytest.fixture(scope="module")
 def cu_on_cpu(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not found: cannot compile kernels/checksum.cu for the CPU")
-    d = tmp_path_factory.mktemp("cu")
-    (d / "harness.cpp").write_text(HARNESS)
-    lib = d / "harness.so"
-    r = subprocess.run(["g++", "-O1", "-std=c++14", "-shared", "-fPIC", "-pthread",
-                        f"-I{dv.kernel_path(ck.KERNEL).parent}", "-o", str(lib),
-                        str(d / "harness.cpp")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return ctypes.CDLL(str(lib))
+    return compile_harness(tmp_path_factory, HARNESS, dv.kernel_path(ck.KERNEL).parent,
+                           "kernels/checksum.cu")
 
 
 def window_with_pieces(length: int, n: int, shift: int, seed: int = 0):

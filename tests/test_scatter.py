@@ -13,13 +13,13 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+from cu_harness import compile_harness
 
 from sglang_flatcake.read import scatter as sc
 from sglang_flatcake.layout import KVLayout
@@ -205,14 +205,7 @@ extern "C" int run(int word, unsigned gx, unsigned gy, unsigned bx, const void* 
 
 @pytest.fixture(scope="module")
 def cu_on_cpu(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not found: cannot compile kernels/scatter.cu for the CPU")
-    d = tmp_path_factory.mktemp("cu")
-    (d / "harness.cpp").write_text(HARNESS)
-    lib = d / "harness.so"
-    subprocess.run(["g++", "-O1", "-std=c++14", "-shared", "-fPIC", f"-I{sc.KERNEL_PATH.parent}",
-                    "-o", str(lib), str(d / "harness.cpp")], check=True, capture_output=True)
-    return ctypes.CDLL(str(lib))
+    return compile_harness(tmp_path_factory, HARNESS, sc.KERNEL_PATH.parent, "kernels/scatter.cu")
 
 
 @pytest.mark.parametrize("case", SWEEP, ids=[f"{c[0]}-{c[4]}-{c[3]}-n{c[5]}" for c in SWEEP])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from sglang_flatcake.io.kvikio_engine import KvikioEngine, kvikio_usable
 from sglang_flatcake.io.posix import PosixEngine
 from sglang_flatcake.layout import KVLayout, SegmentGeometry
 from sglang_flatcake.placement import WriteSignals
+from sglang_flatcake.read.device import EmuKvikio
 from sglang_flatcake.read.planner import SegmentRead, plan_reads
 from sglang_flatcake.store import FlatCakeStore
 from sglang_flatcake.read.to_slots import restore_through_window
@@ -381,70 +381,18 @@ def test_restore_through_window_misses_from_a_corrupt_block_and_on_io_errors(tmp
 
 
 # ---------------------------------------------------------------- kvikio engine
-class FakeKvikio:
-    """Just enough of kvikio 26.10's API, over os.pread/pwrite on a thread pool."""
-
-    class CompatMode:
-        ON, OFF, AUTO = "on", "off", "auto"
-
-    class defaults:
-        settings: dict = {}
-
-        @classmethod
-        def set(cls, d):
-            cls.settings.update(d)
-
-        @staticmethod
-        def is_compat_mode_preferred():
-            return True
-
-    pool = ThreadPoolExecutor(4)
-
-    class CuFile:
-        def __init__(self, path, flags="r"):
-            import os
-            try:
-                self.fd = os.open(path, os.O_RDWR if "+" in flags else os.O_RDONLY)
-            except OSError as e:
-                raise RuntimeError(f"Unable to open file: {e.strerror}") from None
-
-        def pread(self, buf, size, file_offset):
-            import os
-            return FakeKvikio.Future(FakeKvikio.pool.submit(
-                lambda: os.preadv(self.fd, [memoryview(buf)[:size]], file_offset)))
-
-        def pwrite(self, buf, size, file_offset):
-            import os
-            return FakeKvikio.Future(FakeKvikio.pool.submit(
-                lambda: os.pwrite(self.fd, memoryview(buf)[:size], file_offset)))
-
-        def close(self):
-            import os
-            os.close(self.fd)
-
-    class Future:
-        def __init__(self, f):
-            self.f = f
-
-        def get(self):
-            return self.f.result()
-
-        def done(self):
-            return self.f.done()
-
-
 class TestKvikioEngineContractOnCPU(EngineContract):
     def make(self):
-        return KvikioEngine(alignment=A, threads=3, kvikio_module=FakeKvikio, array_module=np)
+        return KvikioEngine(alignment=A, threads=3, kvikio_module=EmuKvikio, array_module=np)
 
     def test_settings_reach_kvikio(self, eng):
-        assert FakeKvikio.defaults.settings["num_threads"] == 3
+        assert EmuKvikio.defaults.settings["num_threads"] == 3
         assert eng.stats()["engine"] == "kvikio" and not eng.stats()["gds"]
 
 
 def test_kvikio_engine_feeds_a_window(tmp_path):
     path, data, reads = session_file(tmp_path)
-    eng = KvikioEngine(alignment=A, kvikio_module=FakeKvikio, array_module=np)
+    eng = KvikioEngine(alignment=A, kvikio_module=EmuKvikio, array_module=np)
     got = {}
     lock = threading.Lock()
 
