@@ -5,7 +5,8 @@ a context long enough for the slice's longest request, starts
 ``sglang.launch_server --device cpu ... --hicache-storage-backend flatcake`` on a
 temporary store with host memory smaller than the working set, replays
 ``data/agent_slice_mooncake.jsonl`` ``--passes`` times (the device and host
-caches are flushed between passes, so later passes lean on storage) with
+caches are flushed between passes, once the backups to storage have landed, since
+SGLang's flush drops queued backups; later passes lean on storage) with
 ``replay_client``, and prints what the responses say: requests served, output
 tokens, device / host / storage tokens, TTFT; then flatcake's counters and where
 the store lives.  Any rejected or failed request, or a server that does not
@@ -158,6 +159,8 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
         outcomes, passes, wall = [], [], 0.0
         for i in range(args.passes):
             if i:
+                if backend != "none":
+                    backup_tokens(server)      # a flush drops backups still queued: let them land
                 flush(server)
             res = replay(server.url, requests)
             bad = res.first_failure()
