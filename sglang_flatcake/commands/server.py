@@ -49,23 +49,53 @@ def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: st
     return args + list(extra or [])
 
 
+BIND_FAILED = "error while attempting to bind on address"
+
+
+class PortTaken(Exception):
+    """Another process bound the server's port between ``free_port()`` and the bind."""
+
+
 class ServerProcess(Managed):
     def __init__(self, args: list[str], port: int | None = None, log_path: str | None = None,
                  env: dict | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.base_args, self.fixed_port = list(args), port
+        self._use_port(port or free_port())
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 600) -> "ServerProcess":
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = self.base_args + ["--host", "127.0.0.1", "--port", str(self.port)]
+
+    def start(self, timeout: float = 600, tries: int = 3) -> "ServerProcess":
+        """Start and wait for ``/health_generate``.  A free port taken by another process
+        before the server bound it (``address already in use`` in its log) is retried on a
+        new port, ``tries`` times in all, unless the caller fixed the port."""
+        for attempt in range(tries):
+            try:
+                return self._start_once(timeout)
+            except PortTaken:
+                self.stop()
+                if self.fixed_port or attempt == tries - 1:
+                    raise RuntimeError(f"port {self.port} already in use (log: {self.log_path})") from None
+                self._use_port(free_port())
+        raise AssertionError("unreachable")
+
+    def _port_taken(self) -> bool:
+        return BIND_FAILED in self.tail(20000) and f"'127.0.0.1', {self.port})" in self.tail(20000)
+
+    def _start_once(self, timeout: float) -> "ServerProcess":
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *self.args],
                                      stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
 
         def healthy() -> bool:
+            if self._port_taken():
+                raise PortTaken(self.port)
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} while starting: "
                                    f"{self.failure_line()} (log: {self.log_path})")
