@@ -123,4 +123,4 @@ def scheduler(torch, kind: str, layers: int, slots: int, heads: int, dim: int, d
 def backend(store):
     """What ``DirectRestorer`` reads from SGLang's storage backend object."""
     return SimpleNamespace(store=store, config=store.config, host_pool_gets=0,
-                           direct_counters=None)
+                           direct_counters=None, cluster=None)

@@ -53,6 +53,39 @@ def _parse_bool(value: Any, name: str) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {value!r}")
 
 
+def check_ip(host: Any, name: str = "host") -> str:
+    """``host`` must be a unicast IP address peers can reach (a bind address for transfers);
+    ``ConfigError`` naming ``name`` and the value if not."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(str(host))
+    except ValueError:
+        ip = None
+    if ip is None or ip.is_unspecified or ip.is_multicast:
+        raise ConfigError(f"{name}={host!r} is not allowed: expected the IP address of the "
+                          f"interface other nodes reach (e.g. 127.0.0.1 on one host, or the "
+                          f"node's RDMA/TCP address; not 0.0.0.0)")
+    return str(host)
+
+
+def check_directory_url(url: Any, name: str = "cluster_directory") -> str:
+    """``""`` (no cluster) or ``redis://HOST:PORT[/DB]``; ``ConfigError`` naming the value."""
+    from urllib.parse import urlsplit
+    if url == "":
+        return url
+    try:
+        u = urlsplit(str(url))
+        db = u.path.strip("/")
+        ok = (u.scheme in ("redis", "rediss") and bool(u.hostname) and u.port is not None
+              and (db == "" or db.isdigit()))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{name}={url!r} is not allowed: expected redis://HOST:PORT or "
+                          f"redis://HOST:PORT/DB (empty: no cluster)")
+    return str(url)
+
+
 def default_store_dir() -> str:
     """Where a store lives when no directory is given: the user's cache directory
     (``$XDG_CACHE_HOME`` or ``~/.cache``), not a predictable name others can create first."""
@@ -124,6 +157,16 @@ class FlatCakeConfig:
         "help": "root of the store (each rank uses its own subfolder); default: "
                 "--file-storage-path's folder, else $XDG_CACHE_HOME/sglang-flatcake (~/.cache/"
                 "sglang-flatcake): private to the user, never a shared /tmp name"})
+    cluster_directory: str = dataclasses.field(default="", metadata={
+        "help": "join a cluster through this Redis page directory (redis://HOST:PORT[/DB]): "
+                "serve this node's sessions to the others and restore theirs over Mooncake's "
+                "Transfer Engine; default: off, a single node"})
+    cluster_bind: str = dataclasses.field(default="127.0.0.1", metadata={
+        "help": "IP address the Transfer Engine and the owner service bind to: the interface "
+                "other nodes reach (cluster only)"})
+    remote_timeout_s: float = dataclasses.field(default=1.0, metadata={
+        "help": "a remote restore not done within this many seconds is a miss (recomputed); "
+                "cluster only"})
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str) -> None:
@@ -164,6 +207,11 @@ class FlatCakeConfig:
              and 0 <= self.queue_aging < float("inf"), "queue_aging", "expected a number >= 0")
         need(self.checkpoint_interval >= 0, "checkpoint_interval", "expected >= 0 segments")
         need("\0" not in self.ssd_path, "ssd_path", "expected a path")
+        check_directory_url(self.cluster_directory, "cluster_directory")
+        check_ip(self.cluster_bind, "cluster_bind")
+        need(isinstance(self.remote_timeout_s, (int, float))
+             and not isinstance(self.remote_timeout_s, bool)
+             and 0 < self.remote_timeout_s <= 60, "remote_timeout_s", "expected 0 < seconds <= 60")
         need(self.on_layout_mismatch in ON_MISMATCH, "on_layout_mismatch",
              "one of " + ", ".join(ON_MISMATCH))
 

@@ -20,8 +20,16 @@ log = logging.getLogger("sglang_flatcake")
 
 
 class Reclaimer:
+    """``listeners`` are called with the freed session ids after every reclaim or clear
+    that freed any (outside the lock; the cluster sweeps its directory entries there)."""
+
     def __init__(self, table: SessionTable, config, meta: threading.RLock, counters) -> None:
         self.table, self.config, self.meta, self.counters = table, config, meta, counters
+        self.listeners: list = []
+
+    def _tell(self, freed: list[int]) -> None:
+        for listener in list(self.listeners) if freed else ():
+            listener(freed)
 
     def usage(self, medium: Medium) -> list[SessionUsage]:
         """Each session's bytes on ``medium``, with its pin, parent and live branches."""
@@ -57,6 +65,7 @@ class Reclaimer:
         if freed:
             self.counters["reclaimed_sessions"] += len(freed)
             log.info("flatcake: reclaimed %d sessions", len(freed))
+            self._tell(freed)
         return freed
 
     def clear(self) -> int:
@@ -65,4 +74,5 @@ class Reclaimer:
             victims = [s for s in self.table.sessions.values() if s.readers == 0]
             for s in sorted(victims, key=lambda s: -s.sid):
                 self.table.drop(s)
+        self._tell([s.sid for s in victims])
         return len(victims)

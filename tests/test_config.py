@@ -23,6 +23,13 @@ def test_defaults_follow_the_design():
     ("extent_bytes", 5000, "multiple of alignment"),
     ("on_layout_mismatch", "ignore", "refuse, reset"),
     ("short_reply_tokens", -1, "short_reply_tokens"),
+    ("cluster_directory", "http://h:1", "redis://HOST:PORT"),
+    ("cluster_directory", "redis://h", "redis://HOST:PORT"),
+    ("cluster_directory", "redis://h:1/x", "redis://HOST:PORT/DB"),
+    ("cluster_bind", "0.0.0.0", "not 0.0.0.0"),
+    ("cluster_bind", "node1.local", "IP address"),
+    ("remote_timeout_s", 0, "0 < seconds <= 60"),
+    ("remote_timeout_s", float("nan"), "0 < seconds <= 60"),
 ])
 def test_bad_values_are_refused_by_name(field, value, needle):
     with pytest.raises(ConfigError) as e:
@@ -44,6 +51,18 @@ def test_from_mapping_names_the_flag():
         FlatCakeConfig.from_mapping({"bogus": 1})
     with pytest.raises(ConfigError, match="memory-bytes"):
         FlatCakeConfig.from_mapping({"memory_bytes": "lots"}, prefix="--flatcake-")
+
+
+def test_cluster_is_off_by_default_and_its_flags_parse():
+    c = FlatCakeConfig()
+    assert c.cluster_directory == "" and c.cluster_bind == "127.0.0.1" and c.remote_timeout_s == 1.0
+    c = FlatCakeConfig.from_mapping({"cluster-directory": "redis://10.0.0.5:6379/2",
+                                     "cluster-bind": "10.0.0.7", "remote-timeout-s": "0.25"})
+    assert c.cluster_directory == "redis://10.0.0.5:6379/2" and c.remote_timeout_s == 0.25
+    with pytest.raises(ConfigError, match="--flatcake-cluster-directory='redis:/h:1'"):
+        FlatCakeConfig.from_mapping({"cluster_directory": "redis:/h:1"}, prefix="--flatcake-")
+    with pytest.raises(ConfigError, match="--flatcake-remote-timeout-s='soon'"):
+        FlatCakeConfig.from_mapping({"remote_timeout_s": "soon"}, prefix="--flatcake-")
 
 
 def test_parse_bytes():

@@ -84,13 +84,13 @@ class OwnerService:
             self.directory.publish(tenant, session, keys)
 
     def sweep(self, tenant: str) -> list[str]:
-        """Drop (here and in the directory) ``tenant``'s sessions whose first key the store
-        no longer holds -- call after a reclaim.  Returns the sessions dropped."""
+        """Drop (here and in the directory) ``tenant``'s sessions of which the store no
+        longer holds every key -- call after a reclaim.  Returns the sessions dropped."""
         tag = tenant_tag(tenant)
         gone = []
         with self._lock:
             for session, keys in list(self._tenants.get(tag, {}).items()):
-                if keys and self.store.exists(keys[:1]) == 0:
+                if keys and self.store.exists(keys) < len(keys):
                     gone.append(session)
                     del self._tenants[tag][session]
             self._allowed[tag] = {k for ks in self._tenants.get(tag, {}).values() for k in ks}

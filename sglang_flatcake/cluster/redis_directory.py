@@ -70,7 +70,9 @@ class RedisDirectory(Directory):
             raise DirectoryError(f"directory {what} failed: {e}") from e
 
     # ------------------------------------------------------------------ lease
-    def join(self, node: int, endpoint: str) -> None:
+    def join(self, node: int, endpoint: str, exclusive: bool = False) -> None:
+        """``Directory.join``; with ``exclusive``, a node id whose lease another live process
+        holds is refused (``ConfigError``) instead of taken over."""
         if not isinstance(node, int) or not 0 <= node <= 4095:
             raise ConfigError(f"node={node!r} is not allowed: expected 0..4095 (12 bits)")
         if "|" in endpoint or not endpoint:
@@ -80,7 +82,11 @@ class RedisDirectory(Directory):
         inc = os.urandom(8).hex()
         self._lease_value = f"{inc}|{endpoint}"
         self._entry = f"{node}|{inc}"
-        self._call("join", self._r.set, self._lease_key(node), self._lease_value, px=self.lease_ms)
+        if not self._call("join", self._r.set, self._lease_key(node), self._lease_value,
+                          px=self.lease_ms, nx=exclusive):
+            held = self._call("join", self._r.get, self._lease_key(node)) or "|?"
+            raise ConfigError(f"node={node!r} is already in the cluster (its lease is held by "
+                              f"{held.split('|', 1)[1]}): give each server its own node id")
         self.node = node
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat, name=f"fc-lease-{node}", daemon=True)

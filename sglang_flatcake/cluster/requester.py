@@ -88,12 +88,15 @@ class RemoteReader:
         return self._recv(self._send(endpoint, msg), deadline)
 
     def fetch(self, endpoint: str, tenant: str, keys: Sequence[str], out: np.ndarray,
-              on_grant: Callable[[dict], None] | None = None) -> RemoteResult:
+              on_grant: Callable[[dict], None] | None = None,
+              deadline: float | None = None) -> RemoteResult:
         """Restore the leading run of ``keys`` (at most ``max_blocks``) held by the owner at
         ``endpoint`` into ``out`` (``(n, layers, block_layer_bytes)`` uint8).  ``on_grant``
-        (tests, tracing) sees each of the owner's grants before its transfer starts."""
+        (tests, tracing) sees each of the owner's grants before its transfer starts.
+        ``deadline`` (``time.monotonic()``; default: now + ``timeout_s``) lets several
+        fetches of one request share one bound."""
         t0 = time.monotonic()
-        deadline = t0 + self.timeout_s
+        deadline = t0 + self.timeout_s if deadline is None else deadline
         want = out.reshape(-1, self.layout.layers, self.layout.block_layer_bytes)
         keys = list(keys[: self.max_blocks])
         if want.shape[0] < len(keys):

@@ -12,13 +12,13 @@ reuse it before then.
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from ..config import check_ip
 from ..errors import ConfigError, FlatCakeError
 
 
@@ -35,12 +35,7 @@ class ReadResult:
 
 def check_host(host: str) -> str:
     """``host`` must be an IP address (the operator's bind address); ``ConfigError`` if not."""
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ConfigError(f"host={host!r} is not allowed: expected an IP address to bind "
-                          f"transfers to (e.g. 127.0.0.1 or the node's RDMA/TCP interface)") from None
-    return host
+    return check_ip(host, "host")
 
 
 class Engine:

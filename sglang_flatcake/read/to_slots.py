@@ -36,7 +36,9 @@ class WindowRestore:
     stats: RestoreStats | None
 
 
-def _check_slots(lay, keys, dest_k, dest_v, slot_indices) -> tuple[list, np.ndarray]:
+def check_slots(lay, keys, dest_k, dest_v, slot_indices) -> tuple[list, np.ndarray]:
+    """The destinations (one list per part) and each page's first token slot; ``ValueError``
+    for a layer count, slot count or page that is not one contiguous run."""
     if (dest_v is None) != (lay.parts == 1):
         raise ValueError(f"a {lay.kind} layout needs {'no dest_v' if lay.parts == 1 else 'dest_v'}")
     dests = [dest_k] if dest_v is None else [dest_k, dest_v]
@@ -56,20 +58,28 @@ def _check_slots(lay, keys, dest_k, dest_v, slot_indices) -> tuple[list, np.ndar
 
 
 def _memory_to_slots(lease, lay, dests, first_slot, dev, stream) -> list:
-    """Scatter the lease's memory blocks; on a device, upload them first (returns the
-    events and uploads that must outlive the scatters)."""
+    """Scatter the lease's memory blocks from the host arena (see ``blocks_to_slots``)."""
     if not lease.memory:
         return []
-    d_i, s_i = lease.memory_dest, lease.memory_slots
+    return blocks_to_slots(lease.arena_buf, lease.memory_slots, lease.memory_dest, lay, dests,
+                           first_slot, dev, stream)
+
+
+def blocks_to_slots(buf, src_blocks, dest_pages, lay, dests, first_slot, dev, stream) -> list:
+    """Scatter host blocks ``buf`` (flat uint8, whole blocks) numbers ``src_blocks`` into the
+    pages ``first_slot[dest_pages]`` of ``dests``; on a device, upload them first, in chunks
+    (returns the uploads and launches that must outlive the scatters: synchronise ``stream``
+    before dropping them)."""
+    s_i, d_i = np.asarray(src_blocks, np.int64), np.asarray(dest_pages, np.int64)
     if dev is None:
         for layer in range(lay.layers):
-            scatter_layer(lease.arena_buf, s_i * lay.block_bytes + layer * lay.block_layer_bytes,
+            scatter_layer(buf, s_i * lay.block_bytes + layer * lay.block_layer_bytes,
                           first_slot[d_i], [d[layer] for d in dests], lay)
         return []
     keep = []
     per = max(1, MEMORY_CHUNK_BYTES // lay.block_bytes)
     for a in range(0, len(d_i), per):
-        up = dev.upload(lease.arena_buf[s_i[a:a + per]].reshape(-1), stream)
+        up = dev.upload(buf.reshape(-1, lay.block_bytes)[s_i[a:a + per]].reshape(-1), stream)
         src = np.arange(len(s_i[a:a + per]), dtype=np.int64) * lay.block_bytes
         for layer in range(lay.layers):
             keep.append(scatter_layer(up, src + layer * lay.block_layer_bytes,
@@ -98,7 +108,7 @@ def restore_through_window(store, keys: Sequence[str], dest_k, dest_v, slot_indi
     """
     warm_up()
     lay = store.layout
-    dests, first_slot = _check_slots(lay, keys, dest_k, dest_v, slot_indices)
+    dests, first_slot = check_slots(lay, keys, dest_k, dest_v, slot_indices)
     dev = dv.device_of(dests[0][0])
     if window is not None and window.dev is not dev:
         raise ValueError(f"the window is in {window.device} memory but the KV pool is in "

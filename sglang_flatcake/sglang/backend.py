@@ -152,6 +152,12 @@ class FlatCakeStorage(HiCacheStorage):
         self.host_pool_gets = 0
         self.host_pool_bytes_for_ssd_hits = 0
         self.direct_counters: dict = {}            # filled by ``direct.DirectRestorer``
+        self.cluster = None                        # a ``cluster.node.ClusterNode`` when joined
+        if self.config.cluster_directory and \
+                storage_config.tp_size * (getattr(storage_config, "pp_size", 1) or 1) > 1:
+            raise ConfigError(f"--flatcake-cluster-directory={self.config.cluster_directory!r}: "
+                              f"a cluster node runs with one rank for now (--tp-size 1, "
+                              f"--pp-size 1)")
         if mem_pool_host is not None:
             self.register_mem_pool_host(mem_pool_host)
 
@@ -169,6 +175,9 @@ class FlatCakeStorage(HiCacheStorage):
         self.pages = HostPages(buffers, mem_pool_host.layout, mem_pool_host.page_size,
                                int(layer_num), kind)
         self.store = FlatCakeStore(self.dir, self.pages.kv_layout, self.config)
+        if self.config.cluster_directory:
+            from ..cluster.node import ClusterNode
+            self.cluster = ClusterNode(self.store, self.config)
         log.info("flatcake: store %s opened (%s, %d B per page, %s)", self.dir,
                  self.pages.kv_layout.kind, self.pages.kv_layout.block_bytes,
                  self.store.recovery_report or "new")
@@ -198,6 +207,9 @@ class FlatCakeStorage(HiCacheStorage):
         label = label_for(seen.session_id) if seen is not None else ""
         res = self.store.put(keys, blocks, prefix_keys=prefix, signals=sigs, label=label)
         ok = res.stored + res.existing
+        if self.cluster is not None and res.session is not None and seen is not None \
+                and seen.tenant is not None:
+            self.cluster.publisher.note(seen.tenant, str(res.session), keys[:ok])
         return [i < ok for i in range(len(keys))]
 
     def _signals(self, keys: List[str], prefix: List[str]) -> list[WriteSignals]:
@@ -256,6 +268,8 @@ class FlatCakeStorage(HiCacheStorage):
         st["write_once"] = dict(write_once)
         board = signal_board.BOARD
         st["signals"] = {**board.reads, "failures": board.signal_failures}
+        if self.cluster is not None:
+            st["cluster"] = self.cluster.stats()
         signal_board.BOARD.publish(st)
         global _METRICS
         if _METRICS is None:
@@ -263,6 +277,9 @@ class FlatCakeStorage(HiCacheStorage):
         return _METRICS(flatcake=st)
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()                   # leave first: peers stop asking
+            self.cluster = None
         if self.store is not None:
             self.store.close()
             self.store = None

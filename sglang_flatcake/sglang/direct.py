@@ -67,6 +67,7 @@ class Flow:
     started_at: float = 0.0
     result: Any = None
     chain: list = field(default_factory=list)   # page hashes of [0, end), for a restart
+    remote: Any = None               # ``cluster.node.RemoteSpan``: the tail other nodes hold
 
     @property
     def tokens(self) -> int:
@@ -164,13 +165,17 @@ class DirectRestorer:
         span = hashes[start // self.page:][: limit // self.page]
         where = store.locate(span)                  # one index probe per page
         n = next((i for i, a in enumerate(where) if a is None), len(where))
-        if n == 0:
+        cluster = self.backend.cluster               # then one directory lookup for the rest
+        remote = cluster.lookup(req.cache_salt or "", span[n:]) if cluster else None
+        m = len(remote.keys) if remote else 0
+        if n + m == 0:
             return None
         on_ssd = sum(1 for a in where[:n] if a.medium == addr.Medium.SSD)
         bb = store.layout.block_bytes
-        end = start + n * self.page
-        return Flow(req.rid, req.cache_request_handle, key[:end], span[:n], start,
-                    on_ssd * bb, (n - on_ssd) * bb, chain=hashes[: end // self.page])
+        end = start + (n + m) * self.page            # remote bytes queue as SSD bytes do
+        return Flow(req.rid, req.cache_request_handle, key[:end], span[:n + m], start,
+                    (on_ssd + m) * bb, (n - on_ssd) * bb, chain=hashes[: end // self.page],
+                    remote=remote)
 
     # -- 2. start ---------------------------------------------------------------------
     def allocate(self, flow: Flow) -> bool:
@@ -229,6 +234,10 @@ class DirectRestorer:
         def work():
             if delay:
                 time.sleep(delay)
+            if flow.remote is not None:
+                from ..cluster.to_slots import restore_with_remote
+                return restore_with_remote(store, self.backend.cluster, flow.keys, flow.remote,
+                                           self.dest_k, self.dest_v, slots, window=self.window)
             return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots,
                                           window=self.window)
 

@@ -46,6 +46,7 @@ class Seen:
     refcount: int = 1                # max(lock_ref, branches leaving the node)
     context_tokens: int = -1         # tokens before the node; -1: unknown
     session_id: str | None = None    # SGLang's session id of the insert, when sent
+    tenant: str | None = None        # the node's cache_salt ("" for none); None: unknown
 
 
 class SignalBoard:
@@ -158,7 +159,9 @@ def _node_signals(cache, node_id) -> Seen | None:
         node = None
     if node is not None:
         refcount = max(refcount, max(int(cd.lock_ref) for cd in node.component_data))
-    return Seen(refcount=refcount, context_tokens=ctx, session_id=_node_session.pop(node_id, None))
+    tenant = core.prefetch_anchor_info(node_id)[1] or ""     # (extra_key, cache_salt)
+    return Seen(refcount=refcount, context_tokens=ctx, session_id=_node_session.pop(node_id, None),
+                tenant=tenant)
 
 
 def _write_storage_around(original, controller, host_indices, token_ids, hash_value=None,

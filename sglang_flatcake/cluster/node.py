@@ -1,0 +1,141 @@
+"""This server's place in a cluster (``--flatcake-cluster-directory``): its lease in the
+directory, the owner service over its store, the publisher, and a reader for the runs other
+nodes hold.
+
+Sizes follow the page: one owner staging slot, one transfer, is ``CHUNK_BYTES`` of whole
+blocks (every node computes the same from the same layout, so a requester's chunk always
+fits the owner's slot).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .directory import DirectoryError
+from .owner import OwnerService
+from .publisher import Publisher
+from .redis_directory import RedisDirectory
+from .requester import RemoteReader
+from .transfer import Engine
+
+log = logging.getLogger("sglang_flatcake")
+CHUNK_BYTES = 16 << 20      # per slot and transfer (benchmarks/remote_restore.py's best chunk)
+SLOTS = 4                   # owner staging slots (concurrent grants)
+RECEIVE_CHUNKS = 4          # requester receive buffer, in chunks: one fetch call's reach
+DIRECTORY_BACKOFF_S = 5.0   # after a failed lookup, requests skip the directory this long
+
+
+@dataclass(frozen=True)
+class RemoteSpan:
+    """The leading run of a request's missing keys that other live nodes hold:
+    ``runs`` are ``(endpoint, start, count)`` over ``keys``, in order."""
+    tenant: str
+    keys: tuple[str, ...]
+    runs: tuple[tuple[str, int, int], ...]
+
+
+class ClusterNode:
+    """Joins the directory as ``config.node_id`` (refused when a live node holds that id),
+    serves ``store`` to the other nodes and restores their runs.  ``close`` leaves (the
+    node's entries go) and stops every thread; the store stays the caller's."""
+
+    def __init__(self, store, config) -> None:
+        self.node, self.timeout_s = config.node_id, config.remote_timeout_s
+        lay = store.layout
+        self.chunk_blocks = max(1, CHUNK_BYTES // lay.block_bytes)
+        self.counters = {"remote_lookups": 0, "remote_blocks": 0, "remote_misses": 0,
+                         "directory_down": 0}
+        self._down_until = 0.0
+        made: list = []
+        try:
+            self.engine = Engine(config.cluster_bind)
+            made.append(self.engine)
+            self.directory = RedisDirectory(config.cluster_directory,
+                                            timeout_s=min(0.5, self.timeout_s))
+            made.append(self.directory)
+            self.service = OwnerService(store, self.engine, self.directory,
+                                        host=config.cluster_bind, slots=SLOTS,
+                                        slot_blocks=self.chunk_blocks,
+                                        lease_s=max(2.0, 2 * self.timeout_s))
+            made.append(self.service)
+            self.reader = RemoteReader(self.engine, lay, self.chunk_blocks * RECEIVE_CHUNKS,
+                                       self.timeout_s, self.chunk_blocks)
+            self._out = np.empty_like(self.reader.buf)
+            self.directory.join(self.node, self.service.endpoint, exclusive=True)
+        except BaseException:
+            for part in reversed(made):
+                part.close()
+            raise
+        self.publisher = Publisher(self.service)
+        store.reclaimer.listeners.append(self.publisher.reclaimed)
+        self._store = store
+        log.info("flatcake: node %d joined the cluster at %s (serving on %s, transfers %s)",
+                 self.node, config.cluster_directory, self.service.endpoint, self.engine.session)
+
+    def lookup(self, tenant: str, keys: Sequence[str]) -> RemoteSpan | None:
+        """One directory round trip: the leading run of ``keys`` other live nodes hold
+        (None: none, or the directory is unreachable -- then skipped for a while)."""
+        if not keys or time.monotonic() < self._down_until:
+            return None
+        self.counters["remote_lookups"] += 1
+        try:
+            found = self.directory.lookup(tenant, list(keys))
+        except DirectoryError as e:
+            self.counters["directory_down"] += 1
+            self._down_until = time.monotonic() + DIRECTORY_BACKOFF_S
+            log.warning("flatcake: %s; remote restores off for %.0fs", e, DIRECTORY_BACKOFF_S)
+            return None
+        runs = []
+        for node, start, count in found.runs():
+            if node == self.node:          # this node's own (stale) entries: stop there
+                break
+            runs.append((found.endpoints[node], start, count))
+        if not runs:
+            return None
+        end = runs[-1][1] + runs[-1][2]
+        return RemoteSpan(tenant, tuple(keys[:end]), tuple(runs))
+
+    def fetch(self, span: RemoteSpan, sink: Callable[[int, np.ndarray], None]) -> int:
+        """Restore ``span`` from its owners, piece by piece, within one ``remote_timeout_s``:
+        ``sink(start, blocks)`` gets each verified piece in order.  Returns the blocks
+        delivered; the first shortfall (dead, slow or reclaimed owner, checksum) ends it."""
+        deadline = time.monotonic() + self.timeout_s
+        step = self.reader.max_blocks
+        for endpoint, start, count in span.runs:
+            for a in range(start, start + count, step):
+                keys = span.keys[a: min(a + step, start + count)]
+                r = self.reader.fetch(endpoint, span.tenant, keys, self._out[:len(keys)],
+                                      deadline=deadline)
+                if r.hits:
+                    sink(a, self._out[:r.hits])
+                    self.counters["remote_blocks"] += r.hits
+                if r.hits < len(keys):
+                    self.counters["remote_misses"] += 1
+                    log.warning("flatcake: remote restore from %s: %d of %d blocks (%s)",
+                                endpoint, a - start + r.hits, count, r.reason)
+                    return a + r.hits
+        return len(span.keys)
+
+    def stats(self) -> dict:
+        return {**self.counters, **self.publisher.counters, "node": self.node}
+
+    def close(self) -> None:
+        """Publish what is queued, leave the directory, stop serving; idempotent."""
+        if self._store is None:
+            return
+        if self.publisher.reclaimed in self._store.reclaimer.listeners:
+            self._store.reclaimer.listeners.remove(self.publisher.reclaimed)
+        self._store = None
+        self.publisher.close()
+        try:
+            self.directory.close()
+        except DirectoryError as e:        # unreachable: the lease lapses on its own
+            log.warning("flatcake: could not leave the cluster (%s); its lease lapses in %d ms",
+                        e, self.directory.lease_ms)
+        self.service.close()
+        self.engine.close()
