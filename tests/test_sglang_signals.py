@@ -7,9 +7,12 @@ from sglang_flatcake.sglang.signals import BOARD
 
 
 class Core:
-    def __init__(self, path_start, children, lock_ref=None):
+    def __init__(self, path_start, children, lock_ref=None, salt=None):
         self.info = SimpleNamespace(path_start=path_start, num_children=children)
-        self.lock_ref = lock_ref
+        self.lock_ref, self.salt = lock_ref, salt
+
+    def prefetch_anchor_info(self, nid):          # both SGLang tree cores have it
+        return None, self.salt
 
     def collect_path_info(self, ids):
         return [[SimpleNamespace(path_start=0, num_children=1), self.info]]
@@ -38,6 +41,12 @@ def test_rust_core_path_info_reaches_the_board():
     backup(cache(Core(path_start=320, children=3), session="s-1"), 11, ["k1", "k2"])
     seen = BOARD.lookup("k2")
     assert seen.context_tokens == 320 and seen.refcount == 3 and seen.session_id == "s-1"
+    assert seen.tenant == ""                      # no cache_salt
+
+
+def test_the_nodes_cache_salt_is_its_tenant():
+    backup(cache(Core(path_start=0, children=1, salt="team-a")), 15, ["k5"])
+    assert BOARD.lookup("k5").tenant == "team-a"
 
 
 def test_python_core_lock_ref_wins_when_larger():

@@ -59,6 +59,8 @@ def add_arguments(p) -> None:
     p.add_argument("--backends", help="comma list for --compare (default none,file,mooncake,flatcake)")
     p.add_argument("--json", help="write the rows (one per backend) as JSON here")
     p.add_argument("--plot", help="write a PNG of the rows here")
+    p.add_argument("--nodes", type=int, default=1, help="2: a session handed from node to node "
+                   "through the cluster, then its owner killed (commands/demo_cluster.py)")
     p.add_argument("--keep-server", action="store_true", help="leave the server running (not with --compare)")
     p.add_argument("server_args", nargs="*", help="extra sglang.launch_server flags (after --)")
 
@@ -190,6 +192,9 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
 
 def run(args) -> int:
     try:
+        if args.nodes != 1:
+            from .demo_cluster import run_nodes
+            return run_nodes(args)
         return _run(args)
     except DemoFailure as e:
         print(f"flatcake demo: error: {e}", file=sys.stderr)

@@ -1,0 +1,96 @@
+"""``flatcake demo --nodes 2``: a session stored on node 0 is restored on node 1, then node
+0 is killed.
+
+Starts redis-server (the page directory), a server with no cache at all (the reference) and
+two CPU servers with flatcake, each with its own store, ``--flatcake-node-id 0|1`` and the
+same ``--flatcake-cluster-directory``.  Session 1's first two turns and session 2's first
+turn go to node 0; session 1's third turn goes to node 1, which restores the history from
+node 0 through the Transfer Engine (``remote_storage_tokens``: node 1's storage hits on it;
+``same_logprobs``: its answer against the reference's).  Then node 0 is SIGKILLed, and node 1
+gets session 2's next turn at once (its owner is dead but may still be listed: a miss within
+``--flatcake-remote-timeout-s``) and, after a flush, session 1's fourth turn;
+``after_owner_killed_ok``: both answered, no error, same logprobs as the reference, each
+within the timeout plus its own prefill (the reference's time for it) plus 1 s of slack.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from .demo import DemoFailure
+from .demo_cluster_steps import PAGE, TIMEOUT_S, reference, scenario
+
+def _start_all(servers) -> None:
+    errors = []
+
+    def start(s):
+        try:
+            s.start()
+        except (RuntimeError, TimeoutError):
+            errors.append(f"a server did not start: {s.failure_line()} (log: {s.log_path})")
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise DemoFailure(errors[0])
+
+
+def run_nodes(args) -> int:
+    """The scenario (module docstring); prints a table and writes ``--json``."""
+    if args.nodes != 2:
+        raise DemoFailure(f"--nodes {args.nodes}: the cluster demo runs 2 nodes (or 1: the "
+                          f"single-node demo)")
+    from .redis_server import RedisServer
+    from .server import ServerProcess, cpu_server_args
+    from .tiny_model import build_tiny_llama
+    work = Path(tempfile.mkdtemp(prefix="flatcake-demo-nodes-"))
+    print(f"[demo] building a tiny random Llama; work folder {work}", file=sys.stderr)
+    model = str(build_tiny_llama(work / "tiny-llama"))
+    try:
+        directory = RedisServer(work / "redis").start()
+    except (RuntimeError, TimeoutError) as e:
+        raise DemoFailure(f"the directory did not start: {e}") from None
+    ref = ServerProcess(cpu_server_args(model, "", PAGE, backend="none",
+                                        extra=["--disable-radix-cache"]),
+                        log_path=str(work / "reference.log"))
+    nodes = [ServerProcess(cpu_server_args(model, str(work / f"store{i}"), PAGE, extra=[
+        "--enable-metrics", "--flatcake-node-id", str(i), "--flatcake-cluster-directory",
+        directory.url, "--flatcake-remote-timeout-s", str(TIMEOUT_S)]),
+        log_path=str(work / f"node{i}.log")) for i in range(2)]
+    try:
+        print("[demo] starting the reference server and nodes 0 and 1 ...", file=sys.stderr)
+        _start_all([ref, *nodes])
+        turns = reference(ref)
+        ref.stop()
+        doc = scenario(turns, nodes, directory.url)
+    finally:
+        for p in (ref, *nodes, directory):
+            p.stop()
+    doc.update(page_tokens=PAGE, remote_timeout_s=TIMEOUT_S, work=str(work))
+    _print(doc)
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+        print(f"written to {args.json}")
+    return 0
+
+
+def _print(doc) -> None:
+    print(f"flatcake demo --nodes 2: tiny CPU model, {doc['page_tokens']}-token pages, remote "
+          f"timeout {doc['remote_timeout_s']} s")
+    print(f"{'step':<26}{'node':>5}{'prompt':>8}{'storage':>9}{'same lp':>9}{'s':>8}{'ref s':>8}")
+    for r in doc["steps"]:
+        if "node" not in r:
+            print(f"{r['step']:<26}")
+            continue
+        print(f"{r['step']:<26}{r['node']:>5}{r['prompt_tokens']:>8}{r['storage_tokens']:>9}"
+              f"{'yes' if r['same_logprobs'] else 'NO':>9}{r['seconds']:>8.2f}"
+              f"{r['reference_seconds']:>8.2f}")
+    print(f"handed-over turn: {doc['remote_storage_tokens']} of {doc['prompt_tokens']} prompt "
+          f"tokens from node 0's store; same logprobs: {doc['same_logprobs']}; after node 0 "
+          f"was killed every request answered in bound: {doc['after_owner_killed_ok']}")
