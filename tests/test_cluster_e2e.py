@@ -38,7 +38,7 @@ def test_demo_nodes_2_hands_a_session_over_and_survives_its_owner(tmp_path):
     assert all(s["same_logprobs"] for s in doc["steps"] if "node" in s), doc["steps"]
     dead = steps["s2 turn 2 (owner dead)"]           # its only copy died with node 0
     assert dead["storage_tokens"] == 0 and dead["node"] == 1
-    assert dead["seconds"] <= doc["remote_timeout_s"] + dead["reference_seconds"] + 1.0, dead
+    assert dead["restore_s"] is not None and dead["restore_s"] <= doc["remote_timeout_s"] + 0.5
     assert doc["node1_cluster"].get("flatcake_cluster_remote_blocks", 0) * page >= \
         doc["remote_storage_tokens"], doc["node1_cluster"]
     assert "handed-over turn:" in r.stdout
