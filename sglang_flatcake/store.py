@@ -201,6 +201,7 @@ class FlatCakeStore:
     def read_lease(self, keys: Sequence[str]) -> ReadLease:
         """Resolve and pin the leading stored run of ``keys`` for one read (see
         ``read_lease.ReadLease``); release it (or use ``with``) when its bytes are copied."""
+        self._check_open()
         res = resolve(self.table, self._meta, keys, pin=True)
         return ReadLease(res.n, res.digests, res.memory, res.ssd, res.reads, res.sessions,
                          self.arena.buf, self.layout.block_layer_bytes, self.config.alignment,

@@ -100,6 +100,13 @@ def test_session_written_on_node0_restored_into_node1_slots(nodes):
         np.testing.assert_array_equal(k[layer], rk[layer])
         np.testing.assert_array_equal(v[layer], rv[layer])
     assert b.stats()["remote_blocks"] == N and a.stats()["published_keys"] == N
+    grants = []                                        # SSD blocks staged, memory ones not
+    b.reader.fetch(a.service.endpoint, "", keys, np.empty_like(b.reader.buf[:N]),
+                   on_grant=grants.append)
+    (g,) = grants
+    assert [s[0] for s in g["segments"]] == [0, 20] and g["from_ssd"] == 20
+    arena = (a.service.arena_addr, a.service.arena_addr + sa.arena.buf.nbytes)
+    assert arena[0] <= g["segments"][1][1] < arena[1]   # read from node 0's arena in place
     assert a.lookup("", keys) is None                  # a node never fetches from itself
 
 

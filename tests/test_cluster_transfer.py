@@ -111,10 +111,32 @@ def test_memory_tier_session_and_partial_request(engine, owner):
     assert o.info["blocks_memory"] == 48
     asked = o.keys[:20] + ["not-stored"] + o.keys[21:]
     out = empty(len(asked))
-    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", asked, out)
+    grants = []
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", asked, out,
+                                                            on_grant=grants.append)
     assert r.hits == 20
     np.testing.assert_array_equal(out[:20], expected(o.keys[:20]))
     assert not out[20:].any()
+    # read straight from the owner's registered arena, never from its staging region
+    staging = (o.info["staging_addr"], o.info["staging_addr"] + 2 * 48 * LAYOUT.block_bytes)
+    segs = [s for g in grants for s in g["segments"]]
+    assert sum(s[2] for s in segs) == 20 * LAYOUT.block_bytes
+    assert all(not staging[0] <= s[1] < staging[1] for s in segs), (segs, staging)
+
+
+def test_an_ssd_run_is_one_segment_and_grants_must_tile_their_blocks(engine, owner):
+    from sglang_flatcake.cluster.requester import _segments_fit
+    o = owner(blocks=16)
+    grants = []
+    r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, empty(16),
+                                                            on_grant=grants.append)
+    assert r.hits == 16 and [g["segments"] for g in grants] == \
+        [[[0, grants[0]["addr"], 16 * LAYOUT.block_bytes]]]
+    bb = LAYOUT.block_bytes
+    assert _segments_fit([[0, 1, 2 * bb], [2, 9, bb]], 3, bb)
+    assert not _segments_fit([[0, 1, 2 * bb], [3, 9, bb]], 4, bb)      # a hole
+    assert not _segments_fit([[0, 1, bb + 1]], 1, bb)                  # not whole blocks
+    assert not _segments_fit([[0, 1, 2 * bb]], 1, bb)                  # past the grant
 
 
 def test_found_through_the_directory(engine, owner, redis_url):  # noqa: F811

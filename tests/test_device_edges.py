@@ -236,6 +236,49 @@ def test_release_undoes_allocate_and_slot_room_counts_evictable_slots(direct):
     assert tree.locks == 0 and alloc.available_size() == free
 
 
+class OwnersStandIn:
+    """``ClusterNode.fetch``'s contract without the network (tests/test_cluster_node.py runs the
+    real one): delivers ``blocks`` for the span's keys in two pieces, ``cut`` blocks at most."""
+
+    def __init__(self, blocks, cut=None):
+        self.blocks, self.cut = blocks, cut
+
+    def fetch(self, span, sink):
+        n = len(span.keys) if self.cut is None else self.cut
+        half = n // 2
+        sink(0, self.blocks[:half])
+        sink(half, self.blocks[half:n])
+        return n
+
+
+@pytest.mark.parametrize("cut", [None, 5])
+def test_direct_flow_with_a_remote_tail_lands_after_the_local_run(direct, cut):
+    """The local run from the store, the remote tail scattered after it on the device branch;
+    a remote shortfall is a miss from there on (its slots are freed by ``finish``)."""
+    from types import SimpleNamespace as NS
+    torch, dr, make = direct
+    r, st, keys, sched, alloc, tree = make(prefix=16)
+    from conftest import blocks_for
+    data = blocks_for(st.layout, keys)
+    r.backend.cluster = OwnersStandIn(data[10:], cut)
+    span = NS(tenant="", keys=tuple(keys[10:]), runs=(("tcp://owner", 0, 14),))
+    flow = dr.Flow("a", "h", list(range(16 + 24 * 16)), keys, 16, 14 * st.layout.block_bytes, 0,
+                   chain=["p"] + keys, remote=span)
+    assert r.allocate(flow)
+    slots = flow.slots.clone()
+    r.submit(flow)
+    flow.future.result()
+    got = 24 if cut is None else 10 + cut
+    assert r.local_result(flow) == (True, got)
+    r.finish(flow, got)
+    page = got - 1                                       # the last page delivered
+    rows = slots[16 * page:16 * page + 16].numpy()
+    k = np.asarray(r.dest_k[2])[rows].view(np.uint8).reshape(-1)
+    want = data.reshape(24, st.layout.layers, 2, -1)[page, 2, 0]
+    assert np.array_equal(k, want) and tree.locks == 0
+    assert r.counters["restored_tokens"] == got * 16
+
+
 def test_direct_flow_errors_are_a_failed_flow(direct, monkeypatch):
     torch, dr, make = direct
     r, st, keys, *_ = make()

@@ -4,8 +4,8 @@
 The owner takes the store's read lease (``FlatCakeStore.read_lease``) on the run before
 reading it and keeps it until the ack or the lease's end, so reclaim cannot take the session
 while a requester pulls it; a session reclaimed before that is a clean miss ("not stored").
-Not yet: memory-tier blocks are copied into the staging slot by ``get`` rather than read
-straight from the registered arena.
+Memory-tier blocks are not copied: the grant points the requester at the store's host arena,
+registered with the engine once (``owner_read``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, FlatCakeError
 from .directory import Directory, tenant_tag
 from .transfer import Engine, check_host
-from .wire import block_checksums, stored_checksums
+from .owner_read import stage_run
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -53,6 +53,8 @@ class OwnerService:
         self.slot_blocks, self.lease_s = slot_blocks, lease_s
         self.staging = store.alloc_blocks(slots * slot_blocks)    # aligned for O_DIRECT
         self.staging_addr = engine.register(self.staging)
+        arena = store.arena.buf        # memory-tier blocks are read from here, not copied
+        self.arena_addr = engine.register(arena) if arena.nbytes else None
         self._slot_bytes = slot_blocks * store.layout.block_bytes
         self._leases: dict[int, _Lease] = {}                       # slot -> lease
         self._ids = itertools.count(1)
@@ -137,10 +139,11 @@ class OwnerService:
                 return {"hits": 0, "reason": "not published" if n == 0 else "busy"}
             slot = self._free.pop()
         view = self.staging[slot * self.slot_blocks: slot * self.slot_blocks + n]
+        view_addr = self.staging_addr + slot * self._slot_bytes
         pin = None
         try:
             pin = self.store.read_lease(keys[:n])       # pinned until the ack or the lease ends
-            got = self.store.get(keys[:pin.n], view[:pin.n])
+            got = stage_run(self.store, pin, view, view_addr, self.arena_addr)
         except FlatCakeError:
             if pin is not None:
                 pin.release()
@@ -157,11 +160,9 @@ class OwnerService:
         with self._lock:
             self._leases[slot] = lease
         return {"hits": got.hits, "lease": lease.id, "peer": self.engine.session,
-                "addr": self.staging_addr + slot * self._slot_bytes,
-                "bytes": got.hits * self.store.layout.block_bytes,
-                "from_ssd": got.from_ssd, "read_commands": got.read_commands,
-                "checksums": block_checksums(view[:got.hits],
-                                             stored_checksums(self.store, keys[:got.hits]))}
+                "addr": view_addr, "bytes": got.hits * self.store.layout.block_bytes,
+                "segments": got.segments, "from_ssd": got.from_ssd,
+                "read_commands": got.read_commands, "checksums": got.checksums}
 
     def _ack(self, req: dict) -> dict:
         lid = int(req["lease"])

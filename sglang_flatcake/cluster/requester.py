@@ -126,8 +126,15 @@ class RemoteReader:
                 pending = self._send(endpoint, fetch_request(tenant, chunks[k + 1][1]))
             if on_grant is not None:
                 on_grant(grant)
-            r = self.engine.read(grant["peer"], [self.buf_addr + start * self.layout.block_bytes],
-                                 [int(grant["addr"])], [nbytes], deadline - time.monotonic())
+            segs = grant.get("segments") or [[0, grant["addr"], nbytes]]
+            if not _segments_fit(segs, n, self.layout.block_bytes):
+                reason = "bad grant"
+                break
+            bb = self.layout.block_bytes
+            r = self.engine.read(grant["peer"], [self.buf_addr + (start + int(s[0])) * bb
+                                                 for s in segs],
+                                 [int(s[1]) for s in segs], [int(s[2]) for s in segs],
+                                 deadline - time.monotonic())
             if not r.ok:
                 if r.quarantined is not None:
                     self._set_aside.append((self.buf, r.quarantined))
@@ -173,3 +180,13 @@ class RemoteReader:
                    for j in range(self.layout.layers)):
                 return i
         return n
+
+
+def _segments_fit(segs, n: int, block_bytes: int) -> bool:
+    """Do a grant's segments tile its ``n`` blocks exactly, in order, in whole blocks?"""
+    at = 0
+    for first, _, nbytes in segs:
+        if int(first) != at or int(nbytes) <= 0 or int(nbytes) % block_bytes:
+            return False
+        at += int(nbytes) // block_bytes
+    return at == n

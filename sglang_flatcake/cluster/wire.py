@@ -4,14 +4,16 @@ per-(block, layer) checksums a grant carries.
 Protocol (JSON over a ZeroMQ REP socket bound to the operator's address):
 
 - ``{"op": "fetch", "tenant": T, "keys": [...]}`` -> ``{"hits": n, "lease": id, "peer": te,
-  "addr": a, "bytes": b, "checksums": [[...] per block]}``.  The owner reads the leading
-  stored run of ``keys`` that ``T`` published (``FlatCakeStore.get``: merged O_DIRECT reads of
-  the SSD pieces, one command per merged range, straight into a registered staging slot)
-  and holds the slot for the requester until it acks or ``lease_s`` passes.  The slot is
-  contiguous, so the requester pulls it with one transfer.  ``hits == 0`` is a miss (not
-  stored, another tenant's keys, or every slot busy).
-  Checksums are the store's own for SSD blocks (``get`` has just verified the bytes against
-  them) and hashed from the staged bytes for memory blocks.
+  "addr": a, "bytes": b, "segments": [[first block, address, bytes], ...], "checksums":
+  [[...] per block]}``.  The owner reads the leading stored run of ``keys`` that ``T``
+  published (``owner_read.stage_run``: merged O_DIRECT reads of the SSD pieces, one command
+  per merged range, straight into a registered staging slot at ``a``; memory-tier blocks stay
+  in the store's registered arena) and holds the slot and the run's read lease for the
+  requester until it acks or ``lease_s`` passes.  Each segment is one transfer: consecutive
+  SSD blocks in the slot, or consecutive arena slots (one segment ``[0, a, b]`` for a run all
+  on SSD).  ``hits == 0`` is a miss (not stored, another tenant's keys, or every slot busy).
+  Checksums are the store's own for SSD blocks (the read has just verified the bytes against
+  them) and hashed from the arena for memory blocks.
 - ``{"op": "ack", "lease": id}`` -> ``{"valid": bool}``: frees the slot; ``valid`` is true
   only when the lease was still held (the slot was not reused) *and* the store still holds
   the run (``exists``): a session reclaimed while the transfer ran is a miss, never served.
@@ -42,11 +44,9 @@ def block_checksums(blocks: np.ndarray, known: np.ndarray | None = None) -> list
              for j in range(layers)] for i in range(n)]
 
 
-def stored_checksums(store, keys: list[str]) -> np.ndarray:
-    """The store's checksums of the SSD pieces of ``keys`` (``plan``: no I/O), 0 where a
-    block is not on SSD (memory tier) -- those are hashed from the staged bytes."""
-    plan = store.plan(keys)
-    known = np.zeros((len(keys), store.layout.layers), np.uint64)
-    keep = plan.piece_dest < len(keys)
+def plan_checksums(plan, n: int, layers: int) -> np.ndarray:
+    """``(n, layers)`` uint64: each SSD piece's stored checksum from a read ``plan``, 0 elsewhere."""
+    known = np.zeros((n, layers), np.uint64)
+    keep = plan.piece_dest < n
     known[plan.piece_dest[keep], plan.piece_layer[keep]] = plan.piece_checksum[keep]
     return known
