@@ -6,9 +6,11 @@ locally, next to the Transfer Engine's own bandwidth for the same bytes, in the 
 
 An owner node process (``sglang_flatcake.cluster.owner_main``: a real FlatCakeStore on real
 files) stores one session.  This process then alternates, ``--repeat`` times:
-(a) remote restore: ``RemoteReader.fetch`` (the owner's ``get`` into its registered staging
-slot -- merged O_DIRECT reads for SSD -- and checksums, one Transfer Engine read, xxh3
-verification of every (block, layer), ack, copy into ``out``);
+(a) remote restore: ``RemoteReader.fetch`` (the owner's merged O_DIRECT reads of SSD blocks
+into its registered staging slot, memory-tier blocks left in its registered arena, checksums,
+one Transfer Engine batch per chunk, xxh3 verification of every (block, layer), ack, copy into
+``out``; ``--no-copy``: the blocks stay in the registered receive buffer, as a server's restore
+scatters them from there);
 (b) the Transfer Engine alone: one read of the same number of bytes from the owner's
 registered staging buffer (no store, no checksums);
 (c) local restore: ``store.get`` of the session inside the owner process.
@@ -53,6 +55,8 @@ def main() -> int:
                    help="pipelined chunks (0: the whole session in one grant and one transfer)")
     p.add_argument("--timeout-s", type=float, default=30.0)
     p.add_argument("--dir", default=None, help="parent of the owner's store (default: a temp dir)")
+    p.add_argument("--no-copy", action="store_true",
+                   help="leave the verified blocks in the receive buffer (no copy into out)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     layout = KVLayout.mha(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim,
@@ -60,7 +64,8 @@ def main() -> int:
     nbytes = a.blocks * layout.block_bytes
     cfg = {"blocks": a.blocks, "tokens": a.blocks * a.page_tokens, "layers": a.layers,
            "block_bytes": layout.block_bytes, "session_bytes": nbytes, "medium": a.medium,
-           "repeat": a.repeat, "chunk_blocks": a.chunk_blocks, "protocol": "tcp", "host": "127.0.0.1",
+           "repeat": a.repeat, "chunk_blocks": a.chunk_blocks, "copy_into_out": not a.no_copy,
+           "protocol": "tcp", "host": "127.0.0.1",
            "machine": f"{platform.machine()} {os.cpu_count()} cpus"}
     print("config", json.dumps(cfg), flush=True)
     tmp = tempfile.mkdtemp(prefix="fc-remote-", dir=a.dir)
@@ -85,7 +90,7 @@ def main() -> int:
         remote, te, local, grant = [], [], [], []
         for i in range(a.repeat + 1):           # the first round warms connections up
             t0 = time.perf_counter()
-            r = reader.fetch(info["endpoint"], "", keys, out)
+            r = reader.fetch(info["endpoint"], "", keys, None if a.no_copy else out)
             dt = time.perf_counter() - t0
             if r.hits != a.blocks:
                 raise RuntimeError(f"remote restore served {r.hits}/{a.blocks}: {r.reason}")

@@ -132,6 +132,9 @@ def test_an_ssd_run_is_one_segment_and_grants_must_tile_their_blocks(engine, own
                                                             on_grant=grants.append)
     assert r.hits == 16 and [g["segments"] for g in grants] == \
         [[[0, grants[0]["addr"], 16 * LAYOUT.block_bytes]]]
+    reader = RemoteReader(engine, LAYOUT, timeout_s=BOUND)
+    assert reader.fetch(o.endpoint, "", o.keys, None).hits == 16     # no copy: in the buffer
+    np.testing.assert_array_equal(reader.buf[:16], expected(o.keys))
     bb = LAYOUT.block_bytes
     assert _segments_fit([[0, 1, 2 * bb], [2, 9, bb]], 3, bb)
     assert not _segments_fit([[0, 1, 2 * bb], [3, 9, bb]], 4, bb)      # a hole

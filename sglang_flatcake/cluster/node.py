@@ -65,7 +65,6 @@ class ClusterNode:
             made.append(self.service)
             self.reader = RemoteReader(self.engine, lay, self.chunk_blocks * RECEIVE_CHUNKS,
                                        self.timeout_s, self.chunk_blocks)
-            self._out = np.empty_like(self.reader.buf)
             self.directory.join(self.node, self.service.endpoint, exclusive=True)
         except BaseException:
             for part in reversed(made):
@@ -109,10 +108,9 @@ class ClusterNode:
         for endpoint, start, count in span.runs:
             for a in range(start, start + count, step):
                 keys = span.keys[a: min(a + step, start + count)]
-                r = self.reader.fetch(endpoint, span.tenant, keys, self._out[:len(keys)],
-                                      deadline=deadline)
+                r = self.reader.fetch(endpoint, span.tenant, keys, None, deadline=deadline)
                 if r.hits:
-                    sink(a, self._out[:r.hits])
+                    sink(a, self.reader.buf[:r.hits])     # verified, in the receive buffer
                     self.counters["remote_blocks"] += r.hits
                 if r.hits < len(keys):
                     self.counters["remote_misses"] += 1

@@ -87,19 +87,22 @@ class RemoteReader:
         """One request/reply within the deadline; ``None`` when the owner did not answer."""
         return self._recv(self._send(endpoint, msg), deadline)
 
-    def fetch(self, endpoint: str, tenant: str, keys: Sequence[str], out: np.ndarray,
+    def fetch(self, endpoint: str, tenant: str, keys: Sequence[str], out: np.ndarray | None,
               on_grant: Callable[[dict], None] | None = None,
               deadline: float | None = None) -> RemoteResult:
         """Restore the leading run of ``keys`` (at most ``max_blocks``) held by the owner at
-        ``endpoint`` into ``out`` (``(n, layers, block_layer_bytes)`` uint8).  ``on_grant``
+        ``endpoint`` into ``out`` (``(n, layers, block_layer_bytes)`` uint8), or, with
+        ``out=None``, leave the verified blocks in ``self.buf[:hits]`` (valid until the next
+        fetch: what a server's restore scatters from, with no copy).  ``on_grant``
         (tests, tracing) sees each of the owner's grants before its transfer starts.
         ``deadline`` (``time.monotonic()``; default: now + ``timeout_s``) lets several
         fetches of one request share one bound."""
         t0 = time.monotonic()
         deadline = t0 + self.timeout_s if deadline is None else deadline
-        want = out.reshape(-1, self.layout.layers, self.layout.block_layer_bytes)
+        want = None if out is None else out.reshape(-1, self.layout.layers,
+                                                     self.layout.block_layer_bytes)
         keys = list(keys[: self.max_blocks])
-        if want.shape[0] < len(keys):
+        if want is not None and want.shape[0] < len(keys):
             raise ValueError(f"out holds {want.shape[0]} blocks for {len(keys)} keys")
         chunks = [(i, keys[i:i + self.chunk_blocks]) for i in range(0, len(keys), self.chunk_blocks)]
         good, moved, reason, t_grant, cmds = 0, 0, "", 0.0, 0
@@ -165,7 +168,7 @@ class RemoteReader:
                 if start < good:
                     good = start
                     reason = "owner timeout" if ack is None else ack.get("reason", "invalid")
-        if good:
+        if good and want is not None:
             want[:good] = self.buf[:good]
         elif not reason:
             reason = "miss"
