@@ -7,7 +7,9 @@ storage prefetch (storage -> host pool -> device).  Instead, for each request:
    reusable prefix are computed from the root exactly as SGLang names stored
    pages (``get_storage_hash_str``); the leading stored run past the device
    match is the flow's span, and the store says how many of its blocks are on
-   SSD (``ssd_bytes``, the queue policy's KV size).
+   SSD (``ssd_bytes``, the queue policy's KV size).  In a cluster the span goes on
+   with the run other nodes hold (one directory lookup; ``cluster/to_slots.py``
+   restores that tail after the local run, a failure being a miss from there on).
 2. ``start`` (scheduler thread, when the queue policy says so): device KV slots
    are allocated (evicting from the radix tree if needed; when none can be had
    the flow keeps waiting, it is never cancelled), the device prefix it extends
