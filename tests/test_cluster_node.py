@@ -227,3 +227,15 @@ def test_direct_flow_with_a_remote_tail_restores_and_counts_it(nodes, monkeypatc
         assert np.array_equal(k.reshape(-1), want[17, 3, 0])          # page 17 came from node 0
     finally:
         r.close()
+
+
+def test_remote_span_stops_at_this_nodes_own_entries():
+    from sglang_flatcake.cluster.directory import Lookup
+    from sglang_flatcake.cluster.span import remote_span
+    keys = chain(6)
+    found = Lookup(5, (2, 2, 3, 1, 2), {1: "tcp://me", 2: "tcp://two", 3: "tcp://three"})
+    span = remote_span(found, "t", keys, me=1)
+    assert span.keys == tuple(keys[:3]) and span.tenant == "t"
+    assert span.runs == (("tcp://two", 0, 2), ("tcp://three", 2, 1))
+    assert remote_span(Lookup(2, (1, 2), {1: "a", 2: "b"}), "", keys, me=1) is None
+    assert remote_span(Lookup(0, (), {}), "", keys, me=1) is None

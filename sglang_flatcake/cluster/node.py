@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -21,6 +20,7 @@ from .owner import OwnerService
 from .publisher import Publisher
 from .redis_directory import RedisDirectory
 from .requester import RemoteReader
+from .span import RemoteSpan, fetch_span, remote_span
 from .transfer import Engine
 
 log = logging.getLogger("sglang_flatcake")
@@ -28,15 +28,6 @@ CHUNK_BYTES = 16 << 20      # per slot and transfer (benchmarks/remote_restore.p
 SLOTS = 4                   # owner staging slots (concurrent grants)
 RECEIVE_CHUNKS = 4          # requester receive buffer, in chunks: one fetch call's reach
 DIRECTORY_BACKOFF_S = 5.0   # after a failed lookup, requests skip the directory this long
-
-
-@dataclass(frozen=True)
-class RemoteSpan:
-    """The leading run of a request's missing keys that other live nodes hold:
-    ``runs`` are ``(endpoint, start, count)`` over ``keys``, in order."""
-    tenant: str
-    keys: tuple[str, ...]
-    runs: tuple[tuple[str, int, int], ...]
 
 
 class ClusterNode:
@@ -89,35 +80,11 @@ class ClusterNode:
             self._down_until = time.monotonic() + DIRECTORY_BACKOFF_S
             log.warning("flatcake: %s; remote restores off for %.0fs", e, DIRECTORY_BACKOFF_S)
             return None
-        runs = []
-        for node, start, count in found.runs():
-            if node == self.node:          # this node's own (stale) entries: stop there
-                break
-            runs.append((found.endpoints[node], start, count))
-        if not runs:
-            return None
-        end = runs[-1][1] + runs[-1][2]
-        return RemoteSpan(tenant, tuple(keys[:end]), tuple(runs))
+        return remote_span(found, tenant, keys, self.node)
 
     def fetch(self, span: RemoteSpan, sink: Callable[[int, np.ndarray], None]) -> int:
-        """Restore ``span`` from its owners, piece by piece, within one ``remote_timeout_s``:
-        ``sink(start, blocks)`` gets each verified piece in order.  Returns the blocks
-        delivered; the first shortfall (dead, slow or reclaimed owner, checksum) ends it."""
-        deadline = time.monotonic() + self.timeout_s
-        step = self.reader.max_blocks
-        for endpoint, start, count in span.runs:
-            for a in range(start, start + count, step):
-                keys = span.keys[a: min(a + step, start + count)]
-                r = self.reader.fetch(endpoint, span.tenant, keys, None, deadline=deadline)
-                if r.hits:
-                    sink(a, self.reader.buf[:r.hits])     # verified, in the receive buffer
-                    self.counters["remote_blocks"] += r.hits
-                if r.hits < len(keys):
-                    self.counters["remote_misses"] += 1
-                    log.warning("flatcake: remote restore from %s: %d of %d blocks (%s)",
-                                endpoint, a - start + r.hits, count, r.reason)
-                    return a + r.hits
-        return len(span.keys)
+        """``span.fetch_span`` through this node's reader, within one ``remote_timeout_s``."""
+        return fetch_span(self.reader, span, sink, self.timeout_s, self.counters)
 
     def stats(self) -> dict:
         return {**self.counters, **self.publisher.counters, "node": self.node}

@@ -69,7 +69,7 @@ class Flow:
     started_at: float = 0.0
     result: Any = None
     chain: list = field(default_factory=list)   # page hashes of [0, end), for a restart
-    remote: Any = None               # ``cluster.node.RemoteSpan``: the tail other nodes hold
+    remote: Any = None               # ``cluster.span.RemoteSpan``: the tail other nodes hold
 
     @property
     def tokens(self) -> int:
