@@ -67,10 +67,18 @@ class Flow:
     started_at: float = 0.0
     result: Any = None
     chain: list = field(default_factory=list)   # page hashes of [0, end), for a restart
+    lead_memory: int = 0             # pages of the span before its first SSD page
+    io_s: float = 0.0                # seconds the worker spent on the restore (this rank)
 
     @property
     def tokens(self) -> int:
         return len(self.key) - self.start
+
+    def cut(self, pages: int, page: int) -> None:
+        """Keep the span's first ``pages`` pages (a shorter prefix of stored KV is still
+        exactly that KV); the caller sets ``ssd_bytes`` for what is left."""
+        self.keys = self.keys[:pages]
+        self.key = self.key[: self.start + pages * page]
 
 
 @dataclass
@@ -166,11 +174,12 @@ class DirectRestorer:
         n = next((i for i, a in enumerate(where) if a is None), len(where))
         if n == 0:
             return None
-        on_ssd = sum(1 for a in where[:n] if a.medium == addr.Medium.SSD)
+        on_ssd = [i for i, a in enumerate(where[:n]) if a.medium == addr.Medium.SSD]
         bb = store.layout.block_bytes
         end = start + n * self.page
         return Flow(req.rid, req.cache_request_handle, key[:end], span[:n], start,
-                    on_ssd * bb, (n - on_ssd) * bb, chain=hashes[: end // self.page])
+                    len(on_ssd) * bb, (n - len(on_ssd)) * bb, chain=hashes[: end // self.page],
+                    lead_memory=on_ssd[0] if on_ssd else n)
 
     # -- 2. start ---------------------------------------------------------------------
     def allocate(self, flow: Flow) -> bool:
@@ -227,10 +236,14 @@ class DirectRestorer:
         delay = self.delay * flow.ssd_bytes / (1 << 20)
 
         def work():
+            t0 = time.monotonic()
             if delay:
                 time.sleep(delay)
-            return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots,
-                                          window=self.window)
+            try:
+                return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots,
+                                              window=self.window)
+            finally:
+                flow.io_s = time.monotonic() - t0
 
         flow.future = self.pool.submit(work)
 
