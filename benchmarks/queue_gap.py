@@ -14,7 +14,9 @@ For each rate, three measurements with the replay's ``flatcake`` store:
    share of that TTFT with no prefill running: time spent waiting on the SSD).
 
 Also prints what restoring a token costs on the disk model against recomputing it on the
-GPU preset (``kv_bytes_per_token / read bandwidth`` vs ``1 / prefill tokens per s``).
+GPU preset (``kv_bytes_per_token / read bandwidth`` vs ``1 / prefill tokens per s``), and
+per policy how many requests (tokens) recomputed their SSD part instead of restoring it
+(``--flatcake-recompute-when-faster``, on by default; ``=false`` for the rows without it).
 Prints one JSON object on stdout (and to ``--json``), progress on stderr.
 """
 
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                     if mode == "closed_loop":
                         states[pol] = s
                     got[pol] = {k: row[k] for k in ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99",
-                                                    "ttft_p99_disk_share", "throughput_rps")}
+                                                    "ttft_p99_disk_share", "throughput_rps",
+                                                    "recomputed_requests", "recomputed_tokens")}
                     got[pol]["ssd_gb_read"] = round(sum(x.restore_bytes for x in s) / 1e9, 2)
                     if mode == "closed_loop":
                         got[pol]["p99_split"] = tail_split(s)

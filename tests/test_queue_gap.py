@@ -30,4 +30,5 @@ def test_queue_gap_tiny(tmp_path, capsys):
         split = closed[pol]["p99_split"]
         assert sum(split.values()) == pytest.approx(1.0, abs=1e-3)
         assert 0 <= closed[pol]["ttft_p99_disk_share"] <= 1
+        assert closed[pol]["recomputed_requests"] >= 0 and closed[pol]["recomputed_tokens"] >= 0
     assert list(tmp_path.iterdir()) == [out]          # the stores are removed

@@ -16,7 +16,7 @@ For a system that can decline a restore (``restore_rate()``; flatcake with
 
 A declined request is served its memory hits (``decline_restore``) and recomputes
 the rest (``rs.recomputed_tokens``).  Each restore it chose teaches the decision's
-slip how long it really took.
+slip how long it really took (under ``restores_at_head``: the restore alone).
 """
 
 from __future__ import annotations
@@ -96,10 +96,14 @@ class ReplayDecision:
         return True
 
     def restored(self, rs: RequestState, now: float) -> None:
+        """``rs``'s restore ended: the slip compares it with what was modelled (from the
+        decision; under ``restores_at_head`` from the restore's start, as the wait to reach
+        the head was in neither choice)."""
         self.disk.done(rs.req.rid)
         chosen = self._chosen.pop(rs.req.rid, None)
         if chosen is not None:
-            self.decider.restored(chosen[0], now - chosen[1])
+            since = rs.prefetch_start if self.policy.restores_at_head else chosen[1]
+            self.decider.restored(chosen[0], now - since)
 
     def prefill_started(self, rs: RequestState, now: float) -> None:
         self.gpu.start(rs.req.rid, now)

@@ -170,6 +170,15 @@ class TwoQueuePolicy:
         if not self.single_queue and rid in self.requests:
             bisect.insort(self._ready, (r.arrival, rid))
 
+    def declined(self, rid: str) -> None:
+        """``rid``'s prefetch was picked but will not run (its SSD part is recomputed, see
+        ``recompute``): it joins the ready queue at its arrival position and frees its
+        budget; the restore rate learns nothing.  ``KeyError`` if it was not picked."""
+        r = self._inflight.pop(rid)
+        r.state = "ready"
+        if not self.single_queue:
+            bisect.insort(self._ready, (r.arrival, rid))
+
     # -- admission -------------------------------------------------------------------
     def pop_ready(self) -> str | None:
         """The next request to prefill, or ``None``."""

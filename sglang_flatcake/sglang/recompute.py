@@ -36,8 +36,8 @@ class ServerEstimates:
     """What one scheduler knows to decide restore or recompute; runs on the scheduler thread."""
 
     def __init__(self, scheduler: Any, enabled: bool,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.scheduler, self.clock = scheduler, clock
+                 clock: Callable[[], float] = time.monotonic, at_head: bool = False) -> None:
+        self.scheduler, self.clock, self.at_head = scheduler, clock, at_head
         self.decider = RestoreOrRecompute(Rate(), Rate(), enabled)
         self.disk = Backlog()
         self._chosen: dict = {}                  # rid -> (Choice, clock at the decision)
@@ -57,27 +57,42 @@ class ServerEstimates:
             self.decider.prefill.observe(float(getattr(last, "extend_num_tokens", 0) or 0),
                                          t - prev[1])
 
-    def gpu_backlog(self, flows: dict) -> float:
-        """Prefill tokens queued: every waiting request's and the chunked request's, less the
-        tokens their flows will restore."""
+    def gpu_backlog(self, flows: dict, before: str | None = None) -> float:
+        """Prefill tokens queued: the chunked request's and every waiting request's (only those
+        ahead of ``before`` when given), less the tokens their flows will restore."""
         sched = self.scheduler
-        reqs = list(getattr(sched, "waiting_queue", ()))
         chunked = getattr(sched, "chunked_req", None)
-        if chunked is not None:
-            reqs.append(chunked)
+        reqs = [] if chunked is None else [chunked]
+        for r in getattr(sched, "waiting_queue", ()):
+            if r.rid == before:
+                break
+            reqs.append(r)
         return float(sum(max(0, prefill_tokens(r) - (flows[r.rid].tokens if r.rid in flows
                                                      else 0)) for r in reqs))
 
-    def estimate(self, flow: Any, page: int, flows: dict, at_head: bool = False) -> Choice:
+    def estimate(self, flow: Any, page: int, flows: dict) -> Choice:
         """Restore ``flow`` (``flow.ssd_bytes`` on SSD) or recompute its pages from
         ``flow.lead_memory`` on; counts nothing.  ``at_head`` (one FCFS queue whose head
         alone restores): no backlog counts, both are ahead of either choice."""
         d = self.decider
         tokens = (len(flow.keys) - flow.lead_memory) * page
-        if at_head:
+        if self.at_head:
             return d.estimate(flow.ssd_bytes, tokens, 0.0, 0.0)
         return d.estimate(flow.ssd_bytes, tokens, self.disk.remaining(self.clock(), d.restore.value),
                           self.gpu_backlog(flows))
+
+    def recheck(self, flow: Any, page: int, flows: dict) -> Choice:
+        """The estimate again when ``flow``'s restore would start: the restores in flight
+        against the prefill tokens of the requests ahead of it; counts nothing."""
+        d, now = self.decider, self.clock()
+        running = self.disk.remaining(now, d.restore.value) - self.disk.queued()
+        return d.estimate(flow.ssd_bytes, (len(flow.keys) - flow.lead_memory) * page, running,
+                          self.gpu_backlog(flows, before=flow.rid))
+
+    def declined(self, flow: Any) -> None:
+        """``flow`` will not read its SSD pages after all: out of the disk backlog."""
+        self.disk.done(flow.rid)
+        self._chosen.pop(flow.rid, None)
 
     def restoring(self, flow: Any, choice: Choice | None = None) -> None:
         """``flow`` will restore (as ``choice`` said): its SSD bytes join the disk backlog."""
@@ -87,7 +102,12 @@ class ServerEstimates:
                 self._chosen[flow.rid] = (choice, self.clock())
 
     def started(self, flow: Any) -> None:
-        self.disk.start(flow.rid, self.clock())
+        """``flow``'s restore was submitted (under ``at_head`` its slip is timed from here:
+        the wait to reach the head is in neither choice)."""
+        now = self.clock()
+        self.disk.start(flow.rid, now)
+        if self.at_head and flow.rid in self._chosen:
+            self._chosen[flow.rid] = (self._chosen[flow.rid][0], now)
 
     def finished(self, flow: Any) -> None:
         """``flow`` is published: its restore time is a restore-rate sample."""

@@ -64,7 +64,8 @@ class FlatCakeScheduling:
         self.to_start: list[str] = []               # picked, waiting for device slots
         self.group = getattr(scheduler, "tp_cpu_group", None) if scheduler.tp_size > 1 else None
         self.estimates = ServerEstimates(scheduler, cfg.recompute_when_faster,
-                                         clock=lambda: time.monotonic())
+                                         clock=lambda: time.monotonic(),
+                                         at_head=cfg.single_queue)
         log.info("flatcake: %s, SSD prefetches restore straight into device KV slots",
                  "one FCFS queue (--flatcake-single-queue)" if self.single_queue
                  else "two queues (ready, SSD-preparing)")
@@ -121,7 +122,7 @@ class FlatCakeScheduling:
         if flow is not None and pages > 0:
             flow.cut(pages, page)
             flow.lead_memory, flow.ssd_bytes = lead, ssd
-            mine = self.estimates.estimate(flow, page, self.flows, at_head=self.single_queue)
+            mine = self.estimates.estimate(flow, page, self.flows)
         restore = self.agree([1.0 if mine is None or mine.restore else 0.0], "min")[0] >= 1
         if flow is None or pages == 0:
             return flow, None
@@ -147,7 +148,8 @@ class FlatCakeScheduling:
         self.now = self.agree([time.monotonic()], "max")[0]
         self._forget_departed()
         for rid in self.policy.start_prefetches():
-            self.to_start.append(rid)
+            if self._still_restore(rid):
+                self.to_start.append(rid)
         if self.single_queue:                  # memory-only heads start in arrival order too
             for _, rid in self.pending:
                 f = self.flows[rid]
@@ -159,6 +161,30 @@ class FlatCakeScheduling:
         self._publish_finished()
         self.restorer.counters.update(self.policy.waiting())   # queue sizes, for get_stats
         self.restorer.counters.update(self.estimates.stats())
+
+    def _still_restore(self, rid: str) -> bool:
+        """The policy picked ``rid``'s SSD prefetch: is restoring still faster than recomputing
+        (``ServerEstimates.recheck``, agreed)?  If not, its SSD pages are declined: the flow is
+        cut to its memory pages (True: those still restore) or dropped (False).  Two queues
+        only: under ``single_queue`` the arrival decision already compared its own work."""
+        flow = self.flows[rid]
+        est = self.estimates
+        if self.single_queue or not est.decider.enabled or not flow.ssd_bytes:
+            return True
+        mine = est.recheck(flow, self.restorer.page, self.flows)
+        if self.agree([1.0 if mine.restore else 0.0], "min")[0] >= 1:
+            return True
+        lead = flow.lead_memory
+        est.decider.reconsidered((len(flow.keys) - lead) * self.restorer.page, flow.ssd_bytes)
+        est.declined(flow)
+        self.policy.declined(rid)
+        log.info("flatcake: %s recomputes from page %d after waiting for the SSD", rid, lead)
+        if lead == 0:
+            self._drop(rid)
+            return False
+        flow.cut(lead, self.restorer.page)
+        flow.ssd_bytes = 0
+        return True
 
     def _start_picked(self) -> None:
         still = []
