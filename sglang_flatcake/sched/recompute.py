@@ -9,7 +9,11 @@ a request with SSD blocks arrives, ``RestoreOrRecompute.choose`` compares::
     restore_s   = (disk backlog bytes + its SSD bytes) / restore bytes per s
     recompute_s = (GPU backlog tokens + the tokens it would recompute) / prefill tokens per s
 
-and restores only while ``restore_s <= recompute_s``, ``restore_s`` times the
+and restores only while ``restore_s + ssd_bytes / restore rate <= recompute_s +
+tokens / prefill rate``: each choice is charged once more with its own service
+time, the delay it adds to the next request queued on that resource (without it,
+a recompute that saved its own request 0.1 s cost the requests behind it on the
+GPU 0.4 s; replay, DeepSeek-V4-Flash at 0.5 req/s).  ``restore_s`` is times the
 ``slip``: how much longer the restores it chose took than that formula said
 (moving sums of measured over modelled seconds, from 1), since what comes after a
 decision (writes and later restores sharing the disk, restores that overtake it)
@@ -71,7 +75,9 @@ class RestoreOrRecompute:
         modelled = (max(0.0, disk_backlog_bytes) + ssd_bytes) / r
         restore_s = modelled * self.slip.value
         recompute_s = (max(0.0, gpu_backlog_tokens) + tokens) / p
-        return Choice(restore_s <= recompute_s, restore_s, recompute_s, modelled)
+        # each choice also delays the next request on its resource by its own service time
+        restore = restore_s + ssd_bytes / r <= recompute_s + tokens / p
+        return Choice(restore, restore_s, recompute_s, modelled)
 
     def restored(self, choice: Choice, took_s: float) -> None:
         """A restore this decision chose ended ``took_s`` after the decision: the slip
