@@ -352,3 +352,43 @@ def test_rates_are_measured_from_restores_and_prefill_steps(make):
     s = st.stats()
     assert s["restore_bytes_per_s"] == pytest.approx(GB / 2) and s["restore_samples"] == 1
     assert s["prefill_tokens_per_s"] == pytest.approx(6000) and s["prefill_samples"] == 1
+
+
+def _rank_decides(rank: int, port: int, out) -> None:
+    """One TP rank: rank 0 has measured a slow SSD, rank 1 nothing yet."""
+    import os
+
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        scheduling.DirectRestorer = FakeRestorer
+        sched = SimpleNamespace(waiting_queue=[], tp_size=2, tp_cpu_group=dist.group.WORLD)
+        backend = SimpleNamespace(config=FlatCakeConfig(prefetch_budget_bytes=2 * GB))
+        st = scheduling.FlatCakeScheduling(sched, backend)
+        if rank == 0:
+            rates(st, 1e6, 1e6)
+        arrive(st, sched, "a", GB)
+        st.pump()
+        out.put((rank, "a" in st.flows, st.gate("a"), st.stats()["recomputed_requests"]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp_ranks_agree_to_recompute_when_one_would():
+    """Rank 0's estimate says recompute, rank 1's (no rates) restore: both recompute."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_decides, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert sorted(out.get(timeout=5) for _ in procs) == [(0, False, True, 1), (1, False, True, 1)]

@@ -9,12 +9,12 @@
   between the two steps (a mixed prefill-decode step counts its decodes' time too, so the
   rate is, if anything, low: the decision errs towards restoring);
 - disk backlog: SSD bytes of flows not yet published (``Backlog``);
-- slip: each restore it chose, from the decision to its publication, against the
-  estimate (``RestoreOrRecompute.restored``);
+- slip: each restore it chose, from the decision (under ``at_head``, ``--flatcake-single-queue``:
+  from its submission) to its publication, against the estimate (``RestoreOrRecompute.restored``);
 - GPU backlog: prompt tokens the waiting queue and the chunked request still have to
   prefill, less what their flows restore.
 
-Each rank measures its own; ``FlatCakeScheduling`` agrees on the answer (MIN of "restore").
+Each rank measures its own; ``decline`` agrees on the answer (MIN of "restore").
 Until both rates have a measurement the decision restores.
 """
 
@@ -78,8 +78,8 @@ class ServerEstimates:
         tokens = (len(flow.keys) - flow.lead_memory) * page
         if self.at_head:
             return d.estimate(flow.ssd_bytes, tokens, 0.0, 0.0)
-        return d.estimate(flow.ssd_bytes, tokens, self.disk.remaining(self.clock(), d.restore.value),
-                          self.gpu_backlog(flows))
+        disk = self.disk.remaining(self.clock(), d.restore.value)
+        return d.estimate(flow.ssd_bytes, tokens, disk, self.gpu_backlog(flows))
 
     def recheck(self, flow: Any, page: int, flows: dict) -> Choice:
         """The estimate again when ``flow``'s restore would start: the restores in flight

@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 from ..sched.queues import TwoQueuePolicy
+from . import decline
 from .direct import DirectRestorer, Flow
 from .recompute import ServerEstimates
 
@@ -100,7 +101,7 @@ class FlatCakeScheduling:
         ssd = int(self.agree([flow.ssd_bytes if flow else 0], "max")[0])
         choice = None
         if ssd and self.estimates.decider.enabled:     # sets the flow's span and SSD bytes
-            flow, choice = self._restore_or_recompute(flow, pages, min(lead, pages), ssd)
+            flow, choice = decline.at_arrival(self, flow, pages, min(lead, pages), ssd)
         elif flow is not None and pages > 0:
             flow.cut(pages, self.restorer.page)
             flow.ssd_bytes = ssd
@@ -112,34 +113,6 @@ class FlatCakeScheduling:
         if self.policy.arrive(rid, self.seq, flow.ssd_bytes) == "ready" and not self.single_queue:
             self.to_start.append(rid)         # memory only: no queueing for the SSD
 
-    def _restore_or_recompute(self, flow: Flow | None, pages: int, lead: int,
-                              ssd: int) -> tuple[Flow | None, Any]:
-        """The agreed decision for a span with ``ssd`` bytes on SSD, and this rank's estimate:
-        ``flow`` to restore, the flow cut to its ``lead`` memory pages with no SSD bytes, or
-        None (nothing to restore).  Every rank calls this when ``ssd`` > 0 (one collective)."""
-        page = self.restorer.page
-        mine = None
-        if flow is not None and pages > 0:
-            flow.cut(pages, page)
-            flow.lead_memory, flow.ssd_bytes = lead, ssd
-            mine = self.estimates.estimate(flow, page, self.flows)
-        restore = self.agree([1.0 if mine is None or mine.restore else 0.0], "min")[0] >= 1
-        if flow is None or pages == 0:
-            return flow, None
-        tokens = (pages - lead) * page
-        self.estimates.decider.count(restore, tokens, ssd)
-        if restore:
-            return flow, mine
-        log.info("flatcake: %s recomputes %d tokens from %d instead of restoring %.1f MiB from "
-                 "SSD (restore %.3fs > recompute %.3fs here)", flow.rid, tokens,
-                 flow.start + lead * page, ssd / (1 << 20), mine.restore_s or 0.0,
-                 mine.recompute_s or 0.0)
-        if lead == 0:
-            return None, None
-        flow.cut(lead, page)
-        flow.ssd_bytes = 0
-        return flow, None
-
     # -- every step -------------------------------------------------------------------
     def pump(self) -> None:
         self.estimates.step()
@@ -148,7 +121,7 @@ class FlatCakeScheduling:
         self.now = self.agree([time.monotonic()], "max")[0]
         self._forget_departed()
         for rid in self.policy.start_prefetches():
-            if self._still_restore(rid):
+            if decline.at_start(self, rid):
                 self.to_start.append(rid)
         if self.single_queue:                  # memory-only heads start in arrival order too
             for _, rid in self.pending:
@@ -161,30 +134,6 @@ class FlatCakeScheduling:
         self._publish_finished()
         self.restorer.counters.update(self.policy.waiting())   # queue sizes, for get_stats
         self.restorer.counters.update(self.estimates.stats())
-
-    def _still_restore(self, rid: str) -> bool:
-        """The policy picked ``rid``'s SSD prefetch: is restoring still faster than recomputing
-        (``ServerEstimates.recheck``, agreed)?  If not, its SSD pages are declined: the flow is
-        cut to its memory pages (True: those still restore) or dropped (False).  Two queues
-        only: under ``single_queue`` the arrival decision already compared its own work."""
-        flow = self.flows[rid]
-        est = self.estimates
-        if self.single_queue or not est.decider.enabled or not flow.ssd_bytes:
-            return True
-        mine = est.recheck(flow, self.restorer.page, self.flows)
-        if self.agree([1.0 if mine.restore else 0.0], "min")[0] >= 1:
-            return True
-        lead = flow.lead_memory
-        est.decider.reconsidered((len(flow.keys) - lead) * self.restorer.page, flow.ssd_bytes)
-        est.declined(flow)
-        self.policy.declined(rid)
-        log.info("flatcake: %s recomputes from page %d after waiting for the SSD", rid, lead)
-        if lead == 0:
-            self._drop(rid)
-            return False
-        flow.cut(lead, self.restorer.page)
-        flow.ssd_bytes = 0
-        return True
 
     def _start_picked(self) -> None:
         still = []
@@ -238,9 +187,10 @@ class FlatCakeScheduling:
             self.estimates.finished(f)
             if self.policy.in_flight(f.rid):          # a memory-only flow never is
                 self.policy.prefetch_done(f.rid)      # frees its prefetch budget
-            self._drop(f.rid)
+            self.drop(f.rid)
 
-    def _drop(self, rid: str) -> None:
+    def drop(self, rid: str) -> None:
+        """Forget ``rid``'s flow (published, declined or departed)."""
         self.estimates.disk.done(rid)
         flow = self.flows.pop(rid, None)
         if flow is not None:
@@ -258,7 +208,7 @@ class FlatCakeScheduling:
             if flow is not None and flow.state == "running":
                 continue                       # finishes and is published; the KV stays cached
             self.policy.leave(rid)
-            self._drop(rid)
+            self.drop(rid)
             del self.arrival[rid]
 
     # -- admission --------------------------------------------------------------------
