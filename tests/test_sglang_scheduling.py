@@ -392,3 +392,25 @@ def test_tp_ranks_agree_to_recompute_when_one_would():
         p.join(120)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     assert sorted(out.get(timeout=5) for _ in procs) == [(0, False, True, 1), (1, False, True, 1)]
+
+
+def test_single_queue_decides_when_the_head_would_restore(make):
+    """One FCFS queue: nothing is decided at arrival; the head decides as its restore would
+    start, against the prefill still ahead of it."""
+    st, sched, _ = make(single_queue=True)
+    rates(st, 2e9, 1e4)                   # 1 GiB restores 0.54 s; 64 tokens recompute 6.4 ms
+    big = SimpleNamespace(rid="big", origin_input_ids=[0] * 100_000, output_ids=[], prefix_len=0)
+    sched.waiting_queue.append(big)       # 10 s of prefill ahead of both
+    arrive(st, sched, "a", GB)
+    assert st.flows["a"].ssd_bytes == GB and st.stats()["restored_requests"] == 0
+    st.pump()                             # a's restore (0.54 s) ends before the 10 s ahead
+    assert st.restorer.started == ["a"] and st.stats()["restored_requests"] == 1
+    finish(st, "a")
+    st.pump()
+    sched.waiting_queue = [r for r in sched.waiting_queue if r.rid not in ("big", "a")]
+    st.gate("a")
+    arrive(st, sched, "b", GB)
+    st.pump()                             # nothing ahead any more: recomputing wins
+    assert "b" not in st.flows and st.restorer.started == ["a"] and st.gate("b")
+    s = st.stats()
+    assert s["recomputed_requests"] == 1 and s["reconsidered_requests"] == 0

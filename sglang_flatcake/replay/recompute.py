@@ -11,12 +11,14 @@ For a system that can decline a restore (``restore_rate()``; flatcake with
 - when its restore would start, the same check again from there (its own restore
   on the disk as it is now, against the prefill tokens of the requests that arrived
   before it): a request that waited long for the disk may recompute after all;
-- under ``restores_at_head`` (head-only) a request waits for everything ahead of
-  it either way: its own restore and recompute times alone are compared, once.
+- under ``restores_at_head`` (head-only) a request restores only once it is the head
+  of the one queue, overlapping the prefills of the requests ahead of it, so it is
+  decided then, once, by that same check (at arrival it could not know the disk or
+  the GPU it would meet).
 
 A declined request is served its memory hits (``decline_restore``) and recomputes
 the rest (``rs.recomputed_tokens``).  Each restore it chose teaches the decision's
-slip how long it really took (under ``restores_at_head``: the restore alone).
+slip how long it really took, from the decision.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class ReplayDecision:
         self.decider = RestoreOrRecompute(Rate(restore_bytes_per_s), Rate(gpu.prefill_tps))
         self.disk, self.gpu = Backlog(), Backlog()
         self._chosen: dict = {}                 # rid -> (Choice, decided at), restores chosen
+        self._pending: set = set()              # restores_at_head: decided when they start
 
     @classmethod
     def for_system(cls, system: System, policy: Policy, gpu: GpuPreset,
@@ -54,8 +57,6 @@ class ReplayDecision:
 
     def _estimate(self, rs: RequestState, queued_bytes: float, gpu_tokens: float):
         d, own = self.decider, rs.restore_bytes
-        if self.policy.restores_at_head:
-            return d.estimate(own, self._ssd_tokens(rs), 0.0, 0.0)
         disk = self.system.restore_end_s(queued_bytes + own) * d.restore.value - own
         return d.estimate(own, self._ssd_tokens(rs), disk, gpu_tokens)
 
@@ -63,47 +64,58 @@ class ReplayDecision:
         tokens = self._ssd_tokens(rs)
         self.system.decline_restore(rs)
         rs.recomputed_tokens = tokens
+        self.disk.done(rs.req.rid)
+        self.gpu.add(rs.req.rid, self._prefill_tokens(rs))
 
     def arrived(self, rs: RequestState, now: float) -> None:
-        """Decide for a request just looked up (before the policy sees it)."""
+        """Decide for a request just looked up (before the policy sees it); under
+        ``restores_at_head`` only note it (``starts`` decides)."""
         rid = rs.req.rid
-        if rs.needs_restore and rs.lead_memory is not None:
-            c = self._estimate(rs, self.disk.queued(),
-                               self.gpu.remaining(now, self.decider.prefill.value))
-            self.decider.count(c.restore, self._ssd_tokens(rs), rs.restore_bytes)
-            if c.restore:
-                self.disk.add(rid, rs.restore_bytes)
-                self._chosen[rid] = (c, now)
-            else:
-                self._decline(rs)
         self.gpu.add(rid, self._prefill_tokens(rs))
+        if not (rs.needs_restore and rs.lead_memory is not None):
+            return
+        self.disk.add(rid, rs.restore_bytes)
+        if self.policy.restores_at_head:
+            self._pending.add(rid)
+            return
+        c = self._estimate(rs, self.disk.queued() - rs.restore_bytes,
+                           self.gpu.remaining(now, self.decider.prefill.value, before=rid))
+        self.decider.count(c.restore, self._ssd_tokens(rs), rs.restore_bytes)
+        if c.restore:
+            self._chosen[rid] = (c, now)
+        else:
+            self._decline(rs)
 
     def starts(self, rs: RequestState, now: float) -> bool:
         """The policy gives ``rs`` a restore now: True to read it, False when it was declined
-        instead (it is ready now, nothing read)."""
+        instead (it is ready now, nothing read).  The check: its restore on the disk as it is
+        now against the prefill tokens of the requests that arrived before it."""
         rid = rs.req.rid
-        if rid in self._chosen and not self.policy.restores_at_head:
+        first = rid in self._pending
+        if first or rid in self._chosen:
+            self._pending.discard(rid)
             c = self._estimate(rs, 0.0, self.gpu.remaining(now, self.decider.prefill.value,
                                                            before=rid))
+            if first:
+                self.decider.count(c.restore, self._ssd_tokens(rs), rs.restore_bytes)
             if not c.restore:
-                self.decider.reconsidered(self._ssd_tokens(rs), rs.restore_bytes)
-                del self._chosen[rid]
-                self.disk.done(rid)
+                if not first:
+                    self.decider.reconsidered(self._ssd_tokens(rs), rs.restore_bytes)
+                self._chosen.pop(rid, None)
                 self._decline(rs)
-                self.gpu.add(rid, self._prefill_tokens(rs))
                 return False
+            if first:
+                self._chosen[rid] = (c, now)
         self.disk.start(rid, now)
         return True
 
     def restored(self, rs: RequestState, now: float) -> None:
-        """``rs``'s restore ended: the slip compares it with what was modelled (from the
-        decision; under ``restores_at_head`` from the restore's start, as the wait to reach
-        the head was in neither choice)."""
+        """``rs``'s restore ended: the slip compares it with what was modelled, from the
+        decision (under ``restores_at_head``: the restore's start)."""
         self.disk.done(rs.req.rid)
         chosen = self._chosen.pop(rs.req.rid, None)
         if chosen is not None:
-            since = rs.prefetch_start if self.policy.restores_at_head else chosen[1]
-            self.decider.restored(chosen[0], now - since)
+            self.decider.restored(chosen[0], now - chosen[1])
 
     def prefill_started(self, rs: RequestState, now: float) -> None:
         self.gpu.start(rs.req.rid, now)

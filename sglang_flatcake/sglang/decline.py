@@ -1,7 +1,9 @@
 """The scheduler's two restore-or-recompute calls on a flow, agreed across TP ranks.
 
-``at_arrival`` decides for a span with SSD pages as it arrives; ``at_start`` checks a picked SSD
-prefetch again before it starts (two queues only).  Each takes the scheduler's flatcake state
+``at_arrival`` decides for a span with SSD pages as it arrives (two queues); ``at_start`` checks a
+picked SSD prefetch again before it starts, and under ``--flatcake-single-queue`` decides there for
+the first time (the head restores while the requests ahead of it prefill, so the disk and GPU it
+meets are known only then).  Each takes the scheduler's flatcake state
 ``st`` (``scheduling.FlatCakeScheduling``: its ``agree``, ``estimates``, ``policy``, ``flows``,
 ``restorer``), and every rank makes the same one all-reduce (MIN of "restore", so one rank that
 would recompute makes all of them recompute).  A declined span is cut before its first SSD page
@@ -51,23 +53,30 @@ def at_arrival(st: Any, flow: Flow | None, pages: int, lead: int,
 
 
 def at_start(st: Any, rid: str) -> bool:
-    """The policy picked ``rid``'s SSD prefetch: is restoring still faster than recomputing
+    """The policy picked ``rid``'s SSD prefetch: is restoring (still) faster than recomputing
     (``ServerEstimates.recheck``)?  If not, its SSD pages are declined
     (``TwoQueuePolicy.declined``): the flow is cut to its memory pages (True: those still
-    restore) or dropped (False).  Not under ``single_queue``: there the arrival decision
-    already compared the request's own work, and nothing ahead of it changes that."""
+    restore) or dropped (False)."""
     flow = st.flows[rid]
     est = st.estimates
-    if st.single_queue or not est.decider.enabled or not flow.ssd_bytes:
+    if not est.decider.enabled or not flow.ssd_bytes:
         return True
-    mine = est.recheck(flow, st.restorer.page, st.flows)
-    if st.agree([1.0 if mine.restore else 0.0], "min")[0] >= 1:
-        return True
+    page, first = st.restorer.page, st.single_queue
+    mine = est.recheck(flow, page, st.flows)
+    restore = st.agree([1.0 if mine.restore else 0.0], "min")[0] >= 1
     lead = flow.lead_memory
-    est.decider.reconsidered((len(flow.keys) - lead) * st.restorer.page, flow.ssd_bytes)
+    if first:
+        est.decider.count(restore, (len(flow.keys) - lead) * page, flow.ssd_bytes)
+    if restore:
+        if first:
+            est.chose(flow, mine)
+        return True
+    if not first:
+        est.decider.reconsidered((len(flow.keys) - lead) * page, flow.ssd_bytes)
     est.declined(flow)
     st.policy.declined(rid)
-    log.info("flatcake: %s recomputes from page %d after waiting for the SSD", rid, lead)
+    log.info("flatcake: %s recomputes from page %d (checked as its restore would start)",
+             rid, lead)
     if lead == 0:
         st.drop(rid)
         return False

@@ -9,8 +9,8 @@
   between the two steps (a mixed prefill-decode step counts its decodes' time too, so the
   rate is, if anything, low: the decision errs towards restoring);
 - disk backlog: SSD bytes of flows not yet published (``Backlog``);
-- slip: each restore it chose, from the decision (under ``at_head``, ``--flatcake-single-queue``:
-  from its submission) to its publication, against the estimate (``RestoreOrRecompute.restored``);
+- slip: each restore it chose, from the decision to its publication, against the estimate
+  (``RestoreOrRecompute.restored``);
 - GPU backlog: prompt tokens the waiting queue and the chunked request still have to
   prefill, less what their flows restore.
 
@@ -36,8 +36,8 @@ class ServerEstimates:
     """What one scheduler knows to decide restore or recompute; runs on the scheduler thread."""
 
     def __init__(self, scheduler: Any, enabled: bool,
-                 clock: Callable[[], float] = time.monotonic, at_head: bool = False) -> None:
-        self.scheduler, self.clock, self.at_head = scheduler, clock, at_head
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.scheduler, self.clock = scheduler, clock
         self.decider = RestoreOrRecompute(Rate(), Rate(), enabled)
         self.disk = Backlog()
         self._chosen: dict = {}                  # rid -> (Choice, clock at the decision)
@@ -72,12 +72,9 @@ class ServerEstimates:
 
     def estimate(self, flow: Any, page: int, flows: dict) -> Choice:
         """Restore ``flow`` (``flow.ssd_bytes`` on SSD) or recompute its pages from
-        ``flow.lead_memory`` on; counts nothing.  ``at_head`` (one FCFS queue whose head
-        alone restores): no backlog counts, both are ahead of either choice."""
+        ``flow.lead_memory`` on, at its arrival; counts nothing."""
         d = self.decider
         tokens = (len(flow.keys) - flow.lead_memory) * page
-        if self.at_head:
-            return d.estimate(flow.ssd_bytes, tokens, 0.0, 0.0)
         disk = self.disk.remaining(self.clock(), d.restore.value)
         return d.estimate(flow.ssd_bytes, tokens, disk, self.gpu_backlog(flows))
 
@@ -102,12 +99,12 @@ class ServerEstimates:
                 self._chosen[flow.rid] = (choice, self.clock())
 
     def started(self, flow: Any) -> None:
-        """``flow``'s restore was submitted (under ``at_head`` its slip is timed from here:
-        the wait to reach the head is in neither choice)."""
-        now = self.clock()
-        self.disk.start(flow.rid, now)
-        if self.at_head and flow.rid in self._chosen:
-            self._chosen[flow.rid] = (self._chosen[flow.rid][0], now)
+        self.disk.start(flow.rid, self.clock())
+
+    def chose(self, flow: Any, choice: Choice) -> None:
+        """``flow`` restores as ``choice`` (made now, when its restore starts) said."""
+        if choice.modelled_s is not None:
+            self._chosen[flow.rid] = (choice, self.clock())
 
     def finished(self, flow: Any) -> None:
         """``flow`` is published: its restore time is a restore-rate sample."""

@@ -65,8 +65,7 @@ class FlatCakeScheduling:
         self.to_start: list[str] = []               # picked, waiting for device slots
         self.group = getattr(scheduler, "tp_cpu_group", None) if scheduler.tp_size > 1 else None
         self.estimates = ServerEstimates(scheduler, cfg.recompute_when_faster,
-                                         clock=lambda: time.monotonic(),
-                                         at_head=cfg.single_queue)
+                                         clock=lambda: time.monotonic())
         log.info("flatcake: %s, SSD prefetches restore straight into device KV slots",
                  "one FCFS queue (--flatcake-single-queue)" if self.single_queue
                  else "two queues (ready, SSD-preparing)")
@@ -100,11 +99,11 @@ class FlatCakeScheduling:
                                                    flow.lead_memory if flow else 0], "min"))
         ssd = int(self.agree([flow.ssd_bytes if flow else 0], "max")[0])
         choice = None
-        if ssd and self.estimates.decider.enabled:     # sets the flow's span and SSD bytes
+        if ssd and self.estimates.decider.enabled and not self.single_queue:   # sets span, bytes
             flow, choice = decline.at_arrival(self, flow, pages, min(lead, pages), ssd)
         elif flow is not None and pages > 0:
             flow.cut(pages, self.restorer.page)
-            flow.ssd_bytes = ssd
+            flow.ssd_bytes, flow.lead_memory = ssd, min(lead, pages)
         if flow is None or pages == 0:
             return
         self.estimates.restoring(flow, choice)
