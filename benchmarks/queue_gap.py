@@ -10,7 +10,8 @@ For each rate, three measurements with the replay's ``flatcake`` store:
 2. one schedule for all: every policy replays the arrival times FCFS realized in (1)
    (a later turn still waits for its predecessor), so the policies meet the same load;
 3. per policy, the split of the P99 requests' TTFT: waiting for their SSD restore to
-   start, the restore, the ready queue, the prefill; and ``ttft_p99_disk_share`` (the
+   start (or, for one declined when it would start, to be declined), the restore, the ready
+   queue, the prefill; and ``ttft_p99_disk_share`` (the
    share of that TTFT with no prefill running: time spent waiting on the SSD).
 
 Also prints what restoring a token costs on the disk model against recomputing it on the
@@ -49,6 +50,8 @@ def tail_split(states) -> dict:
         if s.prefetch_start is not None:
             parts["restore_wait"] += s.prefetch_start - s.arrival
             parts["restore"] += s.prefetch_end - s.prefetch_start
+        else:      # no restore ran: waited for one until declined (recompute), if at all
+            parts["restore_wait"] += s.ready_at - s.arrival
         parts["ready_queue"] += s.prefill_start - s.ready_at
         parts["prefill"] += s.first_token - s.prefill_start
     return {k: round(v / total, 4) for k, v in parts.items()} if total else parts
