@@ -10,11 +10,14 @@ For each rate, three measurements with the replay's ``flatcake`` store:
 2. one schedule for all: every policy replays the arrival times FCFS realized in (1)
    (a later turn still waits for its predecessor), so the policies meet the same load;
 3. per policy, the split of the P99 requests' TTFT: waiting for their SSD restore to
-   start, the restore, the ready queue, the prefill; and ``ttft_p99_disk_share`` (the
+   start (or, for one declined when it would start, to be declined), the restore, the ready
+   queue, the prefill; and ``ttft_p99_disk_share`` (the
    share of that TTFT with no prefill running: time spent waiting on the SSD).
 
 Also prints what restoring a token costs on the disk model against recomputing it on the
-GPU preset (``kv_bytes_per_token / read bandwidth`` vs ``1 / prefill tokens per s``).
+GPU preset (``kv_bytes_per_token / read bandwidth`` vs ``1 / prefill tokens per s``), and
+per policy how many requests (tokens) recomputed their SSD part instead of restoring it
+(``--flatcake-recompute-when-faster``, on by default; ``=false`` for the rows without it).
 Prints one JSON object on stdout (and to ``--json``), progress on stderr.
 """
 
@@ -47,6 +50,8 @@ def tail_split(states) -> dict:
         if s.prefetch_start is not None:
             parts["restore_wait"] += s.prefetch_start - s.arrival
             parts["restore"] += s.prefetch_end - s.prefetch_start
+        else:      # no restore ran: waited for one until declined (recompute), if at all
+            parts["restore_wait"] += s.ready_at - s.arrival
         parts["ready_queue"] += s.prefill_start - s.ready_at
         parts["prefill"] += s.first_token - s.prefill_start
     return {k: round(v / total, 4) for k, v in parts.items()} if total else parts
@@ -76,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                     if mode == "closed_loop":
                         states[pol] = s
                     got[pol] = {k: row[k] for k in ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99",
-                                                    "ttft_p99_disk_share", "throughput_rps")}
+                                                    "ttft_p99_disk_share", "throughput_rps",
+                                                    "recomputed_requests", "recomputed_tokens")}
                     got[pol]["ssd_gb_read"] = round(sum(x.restore_bytes for x in s) / 1e9, 2)
                     if mode == "closed_loop":
                         got[pol]["p99_split"] = tail_split(s)

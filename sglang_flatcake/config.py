@@ -141,6 +141,11 @@ class FlatCakeConfig:
     queue_aging: float = dataclasses.field(default=0.5, metadata={
         "help": "SSD-preparing queue: later arrivals may overtake a restore for at most this many "
                 "times its own restore time (deadline order); 0: first come first served"})
+    recompute_when_faster: bool = dataclasses.field(default=True, metadata={
+        "help": "at admission, recompute a request's SSD part instead of restoring it when the "
+                "restore (disk backlog included, measured restore rate) would end later than "
+                "recomputing those tokens (prefill backlog included, measured prefill rate); "
+                "memory hits are kept"})
     ssd_path: str = dataclasses.field(default="", metadata={
         "help": "SSD tier on one raw block device or one pre-sized regular file (created with "
                 "ssd_bytes if missing) instead of a directory of session files; default: the "

@@ -323,3 +323,35 @@ def test_memory_hit_is_not_stuck_behind_an_ssd_restore(model, tmp_path, single_q
         assert times["short"] >= 0.8 * restore_s, (times, restore_s)
     else:
         assert times["short"] < times["long"] and times["short"] < 0.5 * restore_s, (times, restore_s)
+
+
+RECOMPUTES = re.compile(r"flatcake: (\S+) recomputes (\d+) tokens from (\d+) instead of restoring "
+                        r"([\d.]+) MiB from SSD")
+
+
+def test_a_slow_ssd_history_is_recomputed_with_the_same_answer(model, tmp_path, reference):
+    """Once a restore has measured the SSD (throttled: 20 s a MiB) slower than prefill, a
+    history on SSD is recomputed instead (``--flatcake-recompute-when-faster``, the default):
+    nothing of it is read from SSD, and the answer is the uncached server's."""
+    store, log = tmp_path / "store", tmp_path / "s.log"
+    a, other = reference["a"], prompt_ids(600, 31)
+    env = {"FLATCAKE_TEST_SSD_DELAY_S_PER_MIB": "20"}
+    with ServerProcess(cpu_server_args(model, str(store), PAGE), env=env,
+                       log_path=str(log)) as s:
+        generate(s, other)
+        first = generate(s, a, 16)
+        assert np.allclose(logprobs(first), logprobs(reference["first"]), atol=1e-4)
+        wait_for(lambda: stored_blocks(store) >= (len(a) + len(other)) // PAGE - 2,
+                 what="both prompts to be stored")
+        flush(s)
+        generate(s, other)                            # restored, slowly: the SSD is measured
+        measured = restores(log)
+        assert measured and measured[-1]["ssd_mib"] > 0, measured
+        second = generate(s, reference["turn2"], 8)
+    text = open(log).read()
+    declined = RECOMPUTES.findall(text)
+    assert declined and int(declined[-1][1]) >= len(a) - 2 * PAGE, text[-3000:]
+    assert len(restores(log)) == len(measured)        # no second SSD restore ran
+    details = second["meta_info"].get("cached_tokens_details") or {}
+    assert int(details.get("storage", 0)) == 0, details
+    assert np.allclose(logprobs(second), logprobs(reference["second"]), atol=1e-4)

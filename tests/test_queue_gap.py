@@ -30,4 +30,16 @@ def test_queue_gap_tiny(tmp_path, capsys):
         split = closed[pol]["p99_split"]
         assert sum(split.values()) == pytest.approx(1.0, abs=1e-3)
         assert 0 <= closed[pol]["ttft_p99_disk_share"] <= 1
+        assert closed[pol]["recomputed_requests"] >= 0 and closed[pol]["recomputed_tokens"] >= 0
     assert list(tmp_path.iterdir()) == [out]          # the stores are removed
+
+
+def test_tail_split_counts_the_wait_of_a_restore_declined_when_it_would_start():
+    from sglang_flatcake.replay.systems.base import RequestState
+    from sglang_flatcake.replay.traces import Request
+
+    req = Request(0, 0, 0, "s", 0.0, 64, 1, (0,), 0, 0, None, "t:1")
+    waited = RequestState(req, ["k"], 0.0, ready_at=3.0, prefill_start=3.0, first_token=4.0,
+                          recomputed_tokens=64)      # declined at 3 s, then prefilled 1 s
+    assert queue_gap.tail_split([waited]) == {"restore_wait": 0.75, "restore": 0.0,
+                                              "ready_queue": 0.0, "prefill": 0.25}

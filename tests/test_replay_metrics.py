@@ -95,6 +95,24 @@ def test_shared_disk_is_processor_sharing():
     assert disk.read_bytes == 10.0 and disk.write_bytes == 5.0
 
 
+def test_reads_end_counts_reads_ahead_whole_and_writes_by_their_share():
+    loop = EventLoop()
+    disk = SharedDisk(loop)
+    assert disk.reads_end_s(2.0) == 2.0                           # idle disk
+    got = {}
+    loop.at(0.0, disk.submit, 1.0, lambda: None, "read")
+    loop.at(0.0, disk.submit, 0.5, lambda: None, "write")
+    loop.at(0.0, disk.submit, 9.0, lambda: None, "write")
+    loop.at(0.0, lambda: got.setdefault("t0", disk.reads_end_s(2.0)))
+    loop.at(0.4, lambda: got.setdefault("t1", disk.reads_end_s(2.0)))
+    loop.run()
+    # reads: 1 in flight + 2 = 3 s of work; the 0.5 s write takes 0.5, the 9 s write 3
+    assert got["t0"] == pytest.approx(3.0 + 0.5 + 3.0)
+    # 0.4 s later each job got 0.4/3 s: reads 3 - 0.133, writes 0.367 and min(8.867, R)
+    r = 3.0 - 0.4 / 3
+    assert got["t1"] == pytest.approx(r + (0.5 - 0.4 / 3) + r)
+
+
 def test_event_loop_orders_by_time_then_submission():
     loop, seen = EventLoop(), []
     loop.at(2.0, seen.append, "late")

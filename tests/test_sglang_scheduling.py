@@ -27,6 +27,7 @@ class FakeRestorer:
 
     def __init__(self, scheduler, backend) -> None:
         self.spans: dict[str, int] = {}          # rid -> SSD bytes (absent: nothing stored)
+        self.leads: dict[str, int] = {}          # rid -> pages before the first SSD page
         self.started: list[str] = []
         self.published: list[str] = []
         self.free_slots = True
@@ -40,7 +41,8 @@ class FakeRestorer:
     def lookup(self, req):
         if req.rid not in self.spans:
             return None
-        return Flow(req.rid, None, list(range(64)), ["k"] * 4, 0, self.spans[req.rid], 0)
+        return Flow(req.rid, None, list(range(64)), ["k"] * 4, 0, self.spans[req.rid], 0,
+                    lead_memory=self.leads.get(req.rid, 0 if self.spans[req.rid] else 4))
 
     def allocate(self, flow) -> bool:
         return self.free_slots
@@ -65,10 +67,10 @@ class FakeRestorer:
 def make(monkeypatch):
     monkeypatch.setattr(scheduling, "DirectRestorer", FakeRestorer)
 
-    def build(single_queue=False, budget=2 * GB):
+    def build(single_queue=False, budget=2 * GB, **cfg):
         sched = SimpleNamespace(waiting_queue=[], tp_size=1)
         backend = SimpleNamespace(config=FlatCakeConfig(single_queue=single_queue,
-                                                        prefetch_budget_bytes=budget))
+                                                        prefetch_budget_bytes=budget, **cfg))
         clock = [0.0]
         monkeypatch.setattr(scheduling, "time", SimpleNamespace(monotonic=lambda: clock[0]))
         st = scheduling.FlatCakeScheduling(sched, backend)
@@ -250,3 +252,165 @@ def test_tp_ranks_reach_the_same_decisions():
     assert early0 is early1 is False                # nobody admits before every rank is done
     assert late0 is late1 is True
     assert now0 == now1                             # one clock
+
+
+# -- restore or recompute (sched.recompute) ------------------------------------------------
+def rates(st, restore_bytes_per_s, prefill_tokens_per_s):
+    """Give the scheduler measured rates (as if restores and prefills had run)."""
+    from sglang_flatcake.sched.rates import Rate
+    d = st.estimates.decider
+    d.restore, d.prefill = Rate(), Rate()
+    d.restore.observe(restore_bytes_per_s, 1.0)
+    d.prefill.observe(prefill_tokens_per_s, 1.0)
+
+
+def test_restores_while_nothing_is_measured(make):
+    st, sched, _ = make()
+    arrive(st, sched, "a", GB)
+    st.pump()
+    assert st.restorer.started == ["a"]
+    assert st.stats()["restored_requests"] == 1 and st.stats()["restore_bytes_per_s"] is None
+
+
+def test_a_slow_disk_makes_the_ssd_part_a_miss(make):
+    st, sched, _ = make()
+    rates(st, 1e6, 1e6)                   # 1 GiB at 1 MB/s against 64 tokens at 1M tokens/s
+    arrive(st, sched, "a", GB)
+    st.pump()
+    assert "a" not in st.flows and st.restorer.started == [] and st.gate("a")
+    s = st.stats()
+    assert s["recomputed_requests"] == 1 and s["recomputed_tokens"] == 64
+    assert s["ssd_bytes_not_read"] == GB and s["restored_requests"] == 0
+
+
+def test_memory_pages_before_the_first_ssd_page_are_kept(make):
+    st, sched, _ = make()
+    rates(st, 1e6, 1e6)
+    st.restorer.leads["a"] = 2            # pages 0, 1 in memory, 2 on SSD
+    arrive(st, sched, "a", GB)
+    flow = st.flows["a"]
+    assert len(flow.keys) == 2 and len(flow.key) == 32 and flow.ssd_bytes == 0
+    st.pump()
+    assert st.restorer.started == ["a"]   # memory pages restore at once, no SSD queue
+    assert st.stats()["recomputed_tokens"] == 32
+
+
+def test_does_nothing_when_restores_are_faster(make):
+    st, sched, _ = make()
+    rates(st, 1e15, 1e3)                  # restores far faster than prefill
+    for rid in "abc":
+        arrive(st, sched, rid, GB // 4)
+    st.pump()
+    assert st.restorer.started == ["a", "b", "c"]
+    assert all(st.flows[r].ssd_bytes == GB // 4 for r in "abc")
+    assert st.stats()["recomputed_requests"] == 0 and st.stats()["restored_requests"] == 3
+
+
+def test_the_flag_turns_it_off(make):
+    st, sched, _ = make(recompute_when_faster=False)
+    rates(st, 1e6, 1e6)
+    arrive(st, sched, "a", GB)
+    st.pump()
+    assert st.restorer.started == ["a"] and st.stats()["recomputed_requests"] == 0
+
+
+def test_a_waiting_restore_recomputes_when_its_turn_comes_too_late(make):
+    """Picked after the disk backlog grew, a restore is checked again: recompute wins."""
+    st, sched, clock = make(budget=GB)
+    rates(st, 2e9, 1e4)                   # 1 GB restores 0.5 s; 64 tokens recompute 6.4 ms
+    sched.waiting_queue.append(SimpleNamespace(rid="big", origin_input_ids=[0] * 100_000,
+                                               output_ids=[], prefix_len=0))   # 10 s of prefill
+    arrive(st, sched, "a", GB)            # 0.54 s of restore < 10 s of prefill ahead: restore
+    arrive(st, sched, "b", GB)            # waits behind a for the budget
+    st.pump()
+    assert st.restorer.started == ["a"] and st.flows["b"].ssd_bytes == GB
+    sched.waiting_queue = [r for r in sched.waiting_queue if r.rid != "big"]   # prefilled
+    finish(st, "a")
+    clock[0] = 1.0
+    st.pump()                             # a publishes; b is picked: nothing ahead on the GPU
+    st.pump()
+    assert "b" not in st.flows and st.restorer.started == ["a"] and st.gate("b")
+    assert st.stats()["reconsidered_requests"] == 1 and st.stats()["recomputed_requests"] == 1
+
+
+def test_rates_are_measured_from_restores_and_prefill_steps(make):
+    st, sched, clock = make()
+    arrive(st, sched, "a", GB)
+    st.pump()
+    st.flows["a"].io_s = 2.0              # what the worker measured
+    finish(st, "a")
+    extend = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True),
+                             extend_num_tokens=3000)
+    sched.forward_ct, sched.last_batch = 0, None
+    st.pump()                             # publishes a: 1 GiB in 2 s
+    sched.forward_ct, sched.last_batch = 1, extend
+    clock[0] = 0.5
+    st.pump()                             # one prefill step of 3000 tokens in 0.5 s
+    sched.forward_ct = 3                  # two batches since: not one step, no sample
+    clock[0] = 0.6
+    st.pump()
+    s = st.stats()
+    assert s["restore_bytes_per_s"] == pytest.approx(GB / 2) and s["restore_samples"] == 1
+    assert s["prefill_tokens_per_s"] == pytest.approx(6000) and s["prefill_samples"] == 1
+
+
+def _rank_decides(rank: int, port: int, out) -> None:
+    """One TP rank: rank 0 has measured a slow SSD, rank 1 nothing yet."""
+    import os
+
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        scheduling.DirectRestorer = FakeRestorer
+        sched = SimpleNamespace(waiting_queue=[], tp_size=2, tp_cpu_group=dist.group.WORLD)
+        backend = SimpleNamespace(config=FlatCakeConfig(prefetch_budget_bytes=2 * GB))
+        st = scheduling.FlatCakeScheduling(sched, backend)
+        if rank == 0:
+            rates(st, 1e6, 1e6)
+        arrive(st, sched, "a", GB)
+        st.pump()
+        out.put((rank, "a" in st.flows, st.gate("a"), st.stats()["recomputed_requests"]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp_ranks_agree_to_recompute_when_one_would():
+    """Rank 0's estimate says recompute, rank 1's (no rates) restore: both recompute."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_decides, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert sorted(out.get(timeout=5) for _ in procs) == [(0, False, True, 1), (1, False, True, 1)]
+
+
+def test_single_queue_decides_when_the_head_would_restore(make):
+    """One FCFS queue: nothing is decided at arrival; the head decides as its restore would
+    start, against the prefill still ahead of it."""
+    st, sched, _ = make(single_queue=True)
+    rates(st, 2e9, 1e4)                   # 1 GiB restores 0.54 s; 64 tokens recompute 6.4 ms
+    big = SimpleNamespace(rid="big", origin_input_ids=[0] * 100_000, output_ids=[], prefix_len=0)
+    sched.waiting_queue.append(big)       # 10 s of prefill ahead of both
+    arrive(st, sched, "a", GB)
+    assert st.flows["a"].ssd_bytes == GB and st.stats()["restored_requests"] == 0
+    st.pump()                             # a's restore (0.54 s) ends before the 10 s ahead
+    assert st.restorer.started == ["a"] and st.stats()["restored_requests"] == 1
+    finish(st, "a")
+    st.pump()
+    sched.waiting_queue = [r for r in sched.waiting_queue if r.rid not in ("big", "a")]
+    st.gate("a")
+    arrive(st, sched, "b", GB)
+    st.pump()                             # nothing ahead any more: recomputing wins
+    assert "b" not in st.flows and st.restorer.started == ["a"] and st.gate("b")
+    s = st.stats()
+    assert s["recomputed_requests"] == 1 and s["reconsidered_requests"] == 0

@@ -22,6 +22,15 @@ class RemoteSpan:
     keys: tuple[str, ...]
     runs: tuple[tuple[str, int, int], ...]
 
+    def first(self, n: int) -> "RemoteSpan | None":
+        """The span's first ``n`` keys, its runs clipped to them; None when ``n`` <= 0."""
+        if n >= len(self.keys):
+            return self
+        if n <= 0:
+            return None
+        runs = tuple((e, s, min(c, n - s)) for e, s, c in self.runs if s < n)
+        return RemoteSpan(self.tenant, self.keys[:n], runs)
+
 
 def remote_span(found: Lookup, tenant: str, keys: Sequence[str], me: int) -> RemoteSpan | None:
     """The part of ``found`` held by nodes other than ``me`` (a run of ``me``'s own, stale

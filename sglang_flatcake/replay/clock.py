@@ -69,6 +69,17 @@ class SharedDisk:
     def in_flight(self) -> int:
         return len(self._jobs)
 
+    def reads_end_s(self, work_s: float) -> float:
+        """Seconds from now until ``work_s`` more exclusive seconds of reads, queued behind the
+        reads in flight, would be served if no job arrived: the reads as one stream of work
+        R (in flight plus ``work_s``), each write in flight taking its share while it lasts
+        (``R + sum(min(write remaining, R))``)."""
+        self._advance()
+        reads = max(0.0, work_s) + sum(max(0.0, j.remaining) for j in self._jobs.values()
+                                       if j.kind == "read")
+        return reads + sum(min(max(0.0, j.remaining), reads) for j in self._jobs.values()
+                           if j.kind == "write")
+
     def submit(self, work_s: float, on_done: Callable[[], None], kind: str = "read",
                nbytes: float = 0.0) -> None:
         """Start a job now; ``on_done()`` runs (in virtual time) when it has been served."""

@@ -11,6 +11,8 @@
   completed (not cancelled); mean and P99;
 - SSD read bandwidth: full-size bytes read / virtual time with a read in flight;
 - prefetch cancelled: prefetches given up (staging full);
+- recomputed requests / tokens: requests whose SSD part was recomputed instead of
+  restored (``sched.recompute``), and those tokens;
 - TTFT: arrival (release) to the end of prefill; mean, P50 and P99;
 - P99 disk share: over the requests whose TTFT is at least the P99, the share of
   their TTFT during which no prefill ran anywhere (the GPU idle while they waited:
@@ -35,7 +37,8 @@ from .traces import Trace
 
 FIELDS = ("system", "policy", "rate", "hit_rate_delivered", "hit_rate_max", "read_amplification",
           "read_commands", "prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s",
-          "prefetch_cancelled", "ttft_s_mean", "ttft_s_p50", "ttft_s_p99", "ttft_p99_disk_share", "throughput_rps")
+          "prefetch_cancelled", "recomputed_requests", "recomputed_tokens", "ttft_s_mean",
+          "ttft_s_p50", "ttft_s_p99", "ttft_p99_disk_share", "throughput_rps")
 TIMING_FIELDS = ("prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s", "ttft_s_mean",
                  "ttft_s_p50", "ttft_s_p99", "ttft_p99_disk_share", "throughput_rps")
 
@@ -125,6 +128,8 @@ def summarize(system: str, rate: float, states: Sequence[RequestState], max_hits
         "prefetch_s_p99": _r(percentile(pre, 99)),
         "ssd_read_gib_s": _r(bw, 4),
         "prefetch_cancelled": int(io.prefetch_cancelled),
+        "recomputed_requests": sum(1 for s in states if s.recomputed_tokens),
+        "recomputed_tokens": sum(s.recomputed_tokens for s in states),
         "ttft_s_mean": _r(mean(ttft)),
         "ttft_s_p50": _r(percentile(ttft, 50)),
         "ttft_s_p99": _r(percentile(ttft, 99)),

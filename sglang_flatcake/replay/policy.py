@@ -29,6 +29,9 @@ from .systems.base import RequestState
 
 class Policy(abc.ABC):
     name = "base"
+    # restores start only at the head of one FCFS queue: a request waits for everything
+    # ahead of it either way, so restore-or-recompute compares its own work alone
+    restores_at_head = False
 
     @abc.abstractmethod
     def arrived(self, rs: RequestState, now: float) -> None: ...
@@ -134,6 +137,7 @@ class HeadOnly(TwoQueue):
 
     name = "head-only"
     single_queue = True
+    restores_at_head = True
 
 
 POLICIES: dict[str, type[Policy]] = {"fcfs": FCFS, "two-queue": TwoQueue, "head-only": HeadOnly}

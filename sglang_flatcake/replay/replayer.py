@@ -9,6 +9,10 @@ Prefill time = host-to-device copy of the delivered blocks that come from host
 memory + recomputed tokens / prefill tokens per second, so
 TTFT = queueing + restore + recompute.  After the prefill the request's blocks
 are written (write-through), then its successors in the conversation may come.
+
+With a system that can decline a restore (flatcake with ``recompute_when_faster``)
+``recompute.ReplayDecision`` decides at arrival, and again when the restore would
+start, whether to restore or recompute the request's SSD part, under every policy.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Callable
 from ..placement import WriteSignals
 from .clock import EventLoop
 from .policy import Policy
+from .recompute import ReplayDecision
 from .sizes import GIB, GpuPreset
 from .systems.base import RequestState, System
 from .traces import Request, Trace
@@ -80,6 +85,7 @@ class Replayer:
         self._restoring = 0
         self._done = 0
         self._last_report = 0.0
+        self.decision = ReplayDecision.for_system(system, policy, gpu, trace.block_tokens)
 
     def run(self) -> list[RequestState]:
         """Replay every request; returns their states in trace order."""
@@ -102,6 +108,8 @@ class Replayer:
         if self.refs is not None:
             self.refs.begin(r.conv, rs.keys)
         self.system.lookup(rs)
+        if self.decision is not None:
+            self.decision.arrived(rs, now)
         self.policy.arrived(rs, now)
         if rs.needs_restore:
             self._pump_restores()
@@ -119,11 +127,16 @@ class Replayer:
             rs = self.policy.next_restore(self.loop.now)
             if rs is None:
                 return
+            if self.decision is not None and not self.decision.starts(rs, self.loop.now):
+                self._ready(rs)           # recomputed after all: ready now, nothing read
+                continue
             self._restoring += 1
             self.system.start_restore(rs, self._restored)
 
     def _restored(self, rs: RequestState) -> None:
         self._restoring -= 1
+        if self.decision is not None:
+            self.decision.restored(rs, self.loop.now)
         self._ready(rs)
         self._pump_restores()
 
@@ -133,6 +146,8 @@ class Replayer:
             if rs is None:
                 return
             rs.prefill_start = self.loop.now
+            if self.decision is not None:
+                self.decision.prefill_started(rs, self.loop.now)
             self.system.begin_prefill(rs)
             r = rs.req
             recompute = max(0, r.input_tokens - rs.delivered * self.trace.block_tokens)
@@ -145,6 +160,8 @@ class Replayer:
         now = self.loop.now
         rs.first_token = now
         self._running -= 1
+        if self.decision is not None:
+            self.decision.prefilled(rs)
         r = rs.req
         sig = SignalSource(r, rs.keys, self.refs, now) if self.refs is not None else None
         self.system.write(rs, sig)

@@ -13,6 +13,7 @@ _COLS = (("system", "system", "{}"), ("policy", "policy", "{}"), ("rate", "rate"
          ("read_amplification", "r.amp", "{:.3f}"), ("read_commands", "reads", "{:d}"),
          ("prefetch_s_mean", "pf.mean", "{:.3f}"), ("prefetch_s_p99", "pf.p99", "{:.3f}"),
          ("ssd_read_gib_s", "GiB/s", "{:.2f}"), ("prefetch_cancelled", "cancel", "{:d}"),
+         ("recomputed_requests", "recomp", "{:d}"),
          ("ttft_s_mean", "ttft.mean", "{:.3f}"), ("ttft_s_p50", "ttft.p50", "{:.3f}"),
          ("ttft_s_p99", "ttft.p99", "{:.3f}"),
          ("throughput_rps", "req/s", "{:.3f}"))
@@ -83,7 +84,8 @@ def policy_comparison(rows: Sequence[dict], same_as: dict[str, str | None]) -> l
         for p in COMPARED:
             r = by[p]
             d[p] = {k: r.get(k) for k in ("ttft_s_mean", "ttft_s_p50", "ttft_s_p99",
-                                          "ttft_p99_disk_share", "throughput_rps")}
+                                          "ttft_p99_disk_share", "throughput_rps",
+                                          "recomputed_requests")}
         tq, fc, ho = (d[p] for p in COMPARED)
         d["fcfs_served"] = fc["throughput_rps"] / rate if fc["throughput_rps"] else None
         for k, name in (("ttft_s_mean", "mean_ratio"), ("ttft_s_p99", "p99_ratio")):

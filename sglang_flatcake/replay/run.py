@@ -216,11 +216,14 @@ class Setup:
         try:
             system.open(ctx)
             pol = make_policy(policy, system.prefetch_budget, float(over.get("queue_aging", AGING)))
-            states = Replayer(trace, nominal, system, pol, self.gpu, loop,
-                              a.max_prefills, a.recent_s, progress).run()
+            rp = Replayer(trace, nominal, system, pol, self.gpu, loop, a.max_prefills,
+                          a.recent_s, progress)
+            states = rp.run()
             if states_out is not None:
                 states_out.extend(states)
             extra = system.stats()
+            if rp.decision is not None:
+                extra["restore_or_recompute"] = rp.decision.decider.stats()
         finally:
             system.close()
             if not a.keep:
@@ -261,6 +264,8 @@ def run(args) -> int:
         "policies": {s: _policy_name(args.policy, s, st.over) for s in systems},
         "max_prefills": args.max_prefills, "streams": args.streams,
         "prefetch_budget_gb": st.budget / 1e9, "queue_aging": st.aging,
+        "recompute_when_faster": bool(st.over.get("recompute_when_faster",
+                                                  FlatCakeConfig().recompute_when_faster)),
         "flatcake_flags": flags.as_flags(st.over),
         "chunk_blocks": args.chunk_blocks, "recent_s": args.recent_s, "seed": args.seed,
         "rates": rates, "systems": systems,

@@ -46,9 +46,10 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .rates import Rate
+
 AGING = 0.5                    # default (``FlatCakeConfig.queue_aging``): half its own restore time
 RESTORE_BYTES_PER_S = 2e9      # first guess of the restore rate, before any prefetch finished
-_MEMORY = 0.8                  # weight of the past in the restore-rate moving sums
 
 
 @dataclass
@@ -73,7 +74,7 @@ class TwoQueuePolicy:
     _preparing: list[tuple[float, int, str]] = field(default_factory=list)   # (deadline, arrival, rid)
     _inflight: dict[str, Request] = field(default_factory=dict)
     _fifo: list[Request] = field(default_factory=list)               # single-queue mode
-    _seen: list[float] = field(default_factory=list)                 # [bytes, seconds] moving sums
+    _seen: Rate | None = None                                        # restore bytes per second
     requests: dict[str, Request] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,7 +85,7 @@ class TwoQueuePolicy:
         if not self.restore_bytes_per_s > 0:
             raise ValueError(f"restore_bytes_per_s={self.restore_bytes_per_s!r} is not allowed: "
                              "expected > 0")
-        self._seen = [float(self.restore_bytes_per_s), 1.0]
+        self._seen = Rate(float(self.restore_bytes_per_s))
 
     # -- arrivals ------------------------------------------------------------------
     def arrive(self, rid: str, arrival: int, ssd_bytes: int) -> str:
@@ -109,7 +110,7 @@ class TwoQueuePolicy:
     @property
     def restore_rate(self) -> float:
         """Bytes per second of the prefetches seen so far (the first guess until one ends)."""
-        return self._seen[0] / self._seen[1]
+        return self._seen.value
 
     def restore_s(self, nbytes: float) -> float:
         """Seconds a restore of ``nbytes`` is expected to take at ``restore_rate``."""
@@ -165,9 +166,17 @@ class TwoQueuePolicy:
         r = self._inflight.pop(rid)
         r.state = "ready"
         took = self.clock() - r.started_at
-        if took > 0 and r.ssd_bytes > 0:
-            self._seen = [_MEMORY * self._seen[0] + r.ssd_bytes, _MEMORY * self._seen[1] + took]
+        self._seen.observe(r.ssd_bytes, took)
         if not self.single_queue and rid in self.requests:
+            bisect.insort(self._ready, (r.arrival, rid))
+
+    def declined(self, rid: str) -> None:
+        """``rid``'s prefetch was picked but will not run (its SSD part is recomputed, see
+        ``recompute``): it joins the ready queue at its arrival position and frees its
+        budget; the restore rate learns nothing.  ``KeyError`` if it was not picked."""
+        r = self._inflight.pop(rid)
+        r.state = "ready"
+        if not self.single_queue:
             bisect.insort(self._ready, (r.arrival, rid))
 
     # -- admission -------------------------------------------------------------------

@@ -70,10 +70,20 @@ class Flow:
     result: Any = None
     chain: list = field(default_factory=list)   # page hashes of [0, end), for a restart
     remote: Any = None               # ``cluster.span.RemoteSpan``: the tail other nodes hold
+    lead_memory: int = 0             # pages of the span before its first SSD (or remote) page
+    io_s: float = 0.0                # seconds the worker spent on the restore (this rank)
 
     @property
     def tokens(self) -> int:
         return len(self.key) - self.start
+
+    def cut(self, pages: int, page: int) -> None:
+        """Keep the span's first ``pages`` pages (a shorter prefix of stored KV is still
+        exactly that KV); the caller sets ``ssd_bytes`` for what is left."""
+        if self.remote is not None:          # the remote tail keeps only what is left of it
+            self.remote = self.remote.first(pages - (len(self.keys) - len(self.remote.keys)))
+        self.keys = self.keys[:pages]
+        self.key = self.key[: self.start + pages * page]
 
 
 @dataclass
@@ -172,12 +182,13 @@ class DirectRestorer:
         m = len(remote.keys) if remote else 0
         if n + m == 0:
             return None
-        on_ssd = sum(1 for a in where[:n] if a.medium == addr.Medium.SSD)
+        on_ssd = [i for i, a in enumerate(where[:n]) if a.medium == addr.Medium.SSD]
         bb = store.layout.block_bytes
         end = start + (n + m) * self.page            # remote bytes queue as SSD bytes do
         return Flow(req.rid, req.cache_request_handle, key[:end], span[:n + m], start,
-                    (on_ssd + m) * bb, (n - on_ssd) * bb, chain=hashes[: end // self.page],
-                    remote=remote)
+                    (len(on_ssd) + m) * bb, (n - len(on_ssd)) * bb,
+                    chain=hashes[: end // self.page], remote=remote,
+                    lead_memory=on_ssd[0] if on_ssd else n)
 
     # -- 2. start ---------------------------------------------------------------------
     def allocate(self, flow: Flow) -> bool:
@@ -234,14 +245,19 @@ class DirectRestorer:
         delay = self.delay * flow.ssd_bytes / (1 << 20)
 
         def work():
+            t0 = time.monotonic()
             if delay:
                 time.sleep(delay)
-            if flow.remote is not None:
-                from ..cluster.to_slots import restore_with_remote
-                return restore_with_remote(store, self.backend.cluster, flow.keys, flow.remote,
-                                           self.dest_k, self.dest_v, slots, window=self.window)
-            return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots,
-                                          window=self.window)
+            try:
+                if flow.remote is not None:
+                    from ..cluster.to_slots import restore_with_remote
+                    return restore_with_remote(store, self.backend.cluster, flow.keys,
+                                               flow.remote, self.dest_k, self.dest_v, slots,
+                                               window=self.window)
+                return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots,
+                                              window=self.window)
+            finally:
+                flow.io_s = time.monotonic() - t0
 
         flow.future = self.pool.submit(work)
 

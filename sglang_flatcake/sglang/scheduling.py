@@ -7,7 +7,11 @@ skipping requests whose storage prefetch is not done.  With flatcake these hooks
 - ``Scheduler._prefetch_kvcache`` (AROUND): at arrival, ``DirectRestorer.lookup``
   finds the request's stored span.  A span with no block on SSD is *ready*: its
   restore (host arena -> device slots) starts at once.  A span with any SSD block
-  joins the SSD-preparing queue of ``queues.TwoQueuePolicy``.
+  joins the SSD-preparing queue of ``queues.TwoQueuePolicy`` -- unless restoring it would
+  end later than recomputing its SSD part (``sched.recompute``, measured rates,
+  ``--flatcake-recompute-when-faster``): then the span is cut before its first SSD page,
+  so only its memory pages are restored (none: no flow at all) and SGLang prefills the
+  rest; nothing is read from the SSD and the KV served is a prefix of the stored KV.
 - ``Scheduler._get_new_batch_prefill_raw`` (BEFORE): once per step, ``pump``
   syncs the clock, starts the prefetches the policy picks (earliest deadline,
   arrival + ``--flatcake-queue-aging`` x own restore time, first, within
@@ -35,7 +39,9 @@ import time
 from typing import Any
 
 from ..sched.queues import TwoQueuePolicy
+from . import decline
 from .direct import DirectRestorer, Flow
+from .recompute import ServerEstimates
 
 log = logging.getLogger("sglang_flatcake")
 ATTR = "_flatcake_scheduling"
@@ -58,6 +64,8 @@ class FlatCakeScheduling:
         self.pending: list[tuple[int, str]] = []    # (arrival, rid) of unpublished flows, sorted
         self.to_start: list[str] = []               # picked, waiting for device slots
         self.group = getattr(scheduler, "tp_cpu_group", None) if scheduler.tp_size > 1 else None
+        self.estimates = ServerEstimates(scheduler, cfg.recompute_when_faster,
+                                         clock=lambda: time.monotonic())
         log.info("flatcake: %s, SSD prefetches restore straight into device KV slots",
                  "one FCFS queue (--flatcake-single-queue)" if self.single_queue
                  else "two queues (ready, SSD-preparing)")
@@ -86,28 +94,34 @@ class FlatCakeScheduling:
         except Exception:                      # a lookup bug must not take the server down
             log.exception("flatcake: lookup for %s failed; it is served without storage", rid)
             flow = None
-        # every rank makes both calls, hit or miss, so the collectives line up
-        pages = int(self.agree([len(flow.keys) if flow else 0], "min")[0])
+        # every rank makes the same calls, hit or miss, so the collectives line up
+        pages, lead = (int(x) for x in self.agree([len(flow.keys) if flow else 0,
+                                                   flow.lead_memory if flow else 0], "min"))
         ssd = int(self.agree([flow.ssd_bytes if flow else 0], "max")[0])
+        choice = None
+        if ssd and self.estimates.decider.enabled and not self.single_queue:   # sets span, bytes
+            flow, choice = decline.at_arrival(self, flow, pages, min(lead, pages), ssd)
+        elif flow is not None and pages > 0:
+            flow.cut(pages, self.restorer.page)
+            flow.ssd_bytes, flow.lead_memory = ssd, min(lead, pages)
         if flow is None or pages == 0:
             return
-        if pages < len(flow.keys):
-            flow.keys = flow.keys[:pages]
-            flow.key = flow.key[: flow.start + pages * self.restorer.page]
-        flow.ssd_bytes = ssd
+        self.estimates.restoring(flow, choice)
         self.flows[rid] = flow
         bisect.insort(self.pending, (self.seq, rid))
-        if self.policy.arrive(rid, self.seq, ssd) == "ready" and not self.single_queue:
+        if self.policy.arrive(rid, self.seq, flow.ssd_bytes) == "ready" and not self.single_queue:
             self.to_start.append(rid)         # memory only: no queueing for the SSD
 
     # -- every step -------------------------------------------------------------------
     def pump(self) -> None:
+        self.estimates.step()
         if not self.flows and len(self.arrival) <= len(self.scheduler.waiting_queue) + 256:
             return
         self.now = self.agree([time.monotonic()], "max")[0]
         self._forget_departed()
         for rid in self.policy.start_prefetches():
-            self.to_start.append(rid)
+            if decline.at_start(self, rid):
+                self.to_start.append(rid)
         if self.single_queue:                  # memory-only heads start in arrival order too
             for _, rid in self.pending:
                 f = self.flows[rid]
@@ -118,6 +132,7 @@ class FlatCakeScheduling:
         self._start_picked()
         self._publish_finished()
         self.restorer.counters.update(self.policy.waiting())   # queue sizes, for get_stats
+        self.restorer.counters.update(self.estimates.stats())
 
     def _start_picked(self) -> None:
         still = []
@@ -131,6 +146,7 @@ class FlatCakeScheduling:
                 still.append(rid)              # waits for slots; never cancelled
                 continue
             self.restorer.submit(flow)
+            self.estimates.started(flow)
         self.to_start = still
 
     def decode_headroom(self, flow: Flow) -> bool:
@@ -167,11 +183,14 @@ class FlatCakeScheduling:
             if d < 1:
                 continue
             self.restorer.finish(f, int(p))
+            self.estimates.finished(f)
             if self.policy.in_flight(f.rid):          # a memory-only flow never is
                 self.policy.prefetch_done(f.rid)      # frees its prefetch budget
-            self._drop(f.rid)
+            self.drop(f.rid)
 
-    def _drop(self, rid: str) -> None:
+    def drop(self, rid: str) -> None:
+        """Forget ``rid``'s flow (published, declined or departed)."""
+        self.estimates.disk.done(rid)
         flow = self.flows.pop(rid, None)
         if flow is not None:
             i = bisect.bisect_left(self.pending, (self.arrival[rid], rid))
@@ -188,7 +207,7 @@ class FlatCakeScheduling:
             if flow is not None and flow.state == "running":
                 continue                       # finishes and is published; the KV stays cached
             self.policy.leave(rid)
-            self._drop(rid)
+            self.drop(rid)
             del self.arrival[rid]
 
     # -- admission --------------------------------------------------------------------
@@ -203,7 +222,7 @@ class FlatCakeScheduling:
         return True
 
     def stats(self) -> dict:
-        return {**self.restorer.counters, **self.policy.waiting(),
+        return {**self.restorer.counters, **self.policy.waiting(), **self.estimates.stats(),
                 "single_queue": self.single_queue}
 
 

@@ -7,7 +7,10 @@ request, in virtual-time order, the replayer calls:
    system holds, pin what must not go away, set ``rs.n_found`` and
    ``rs.needs_restore`` (True when any of those blocks is on SSD) and, when it
    is, ``rs.restore_bytes`` (full-size bytes to read from SSD; the two-queue
-   policy orders and budgets prefetches by it).
+   policy orders and budgets prefetches by it).  A system that can serve a request's
+   memory hits without its SSD part sets ``rs.lead_memory`` (blocks before the first
+   SSD block) and ``restore_rate()`` / ``restore_end_s()``; the replayer may then call
+   ``decline_restore(rs)`` instead of giving it a restore (``sched.recompute``).
 2. ``start_restore(rs, done)`` (only if ``needs_restore``, when the policy gives
    the request one of ``restore_slots``): read the SSD blocks, with real I/O
    submitted now and waited for when the disk job ends in virtual time; call
@@ -54,6 +57,8 @@ class RequestState:
     delivered: int = 0            # leading blocks in device memory when prefill starts
     delivered_ssd: int = 0        # of which read from SSD
     h2d_full_bytes: float = 0.0   # host-to-device bytes before prefill (full size)
+    lead_memory: int | None = None  # blocks before the first SSD block (systems that can decline)
+    recomputed_tokens: int = 0    # SSD-part tokens recomputed instead of restored (declined)
     ready_at: float | None = None
     prefill_start: float | None = None
     first_token: float | None = None
@@ -131,6 +136,21 @@ class System(abc.ABC):
 
     def start_restore(self, rs: RequestState, done: Callable[[RequestState], None]) -> None:
         raise NotImplementedError(f"{self.name} never restores from SSD")
+
+    def restore_rate(self) -> float | None:
+        """Full-size SSD bytes per second the restore-or-recompute decision assumes for this
+        system's restores; None (the default): it never declines a restore."""
+        return None
+
+    def restore_end_s(self, full_bytes: float) -> float:
+        """Seconds until ``full_bytes`` of restores started now, behind those in flight,
+        would end (systems with a ``restore_rate``)."""
+        raise NotImplementedError(f"{self.name} has no restore rate")
+
+    def decline_restore(self, rs: RequestState) -> None:
+        """Instead of a restore: deliver the ``rs.lead_memory`` blocks before the first SSD
+        block, read nothing from SSD (``needs_restore`` becomes False); the rest is recomputed."""
+        raise NotImplementedError(f"{self.name} cannot decline a restore")
 
     @abc.abstractmethod
     def begin_prefill(self, rs: RequestState) -> None: ...

@@ -9,9 +9,11 @@ import numpy as np
 
 from ...config import FlatCakeConfig
 from ...errors import IOEngineError
+from ...read.planner import empty_plan
 from ...read.read_lease import ReadLease
 from ...store import FlatCakeStore
 from ..flags import SCALED
+from ..sizes import GIB
 from .base import DataPool, RequestState, System, SystemContext
 
 
@@ -78,19 +80,35 @@ class FlatCake(System):
         n_ssd = len(r.lease.ssd)
         rs.restore_bytes = n_ssd * self.ctx.sizing.full_block_bytes if rs.needs_restore else 0.0
         rs.sys = r
-        if not rs.needs_restore:      # all in memory: copy now, ready at once
-            self._read_now(rs, r)
+        if rs.needs_restore:
+            rs.lead_memory = min(d for d, _, _ in r.lease.ssd)
+        else:                         # all in memory: copy now, ready at once
+            self._read_now(rs, r, rs.n_found)
 
-    def _read_now(self, rs: RequestState, r: _Restore) -> None:
+    def _read_now(self, rs: RequestState, r: _Restore, hits: int) -> None:
+        """Deliver the first ``hits`` blocks from memory (all of them are there), read nothing."""
         n = rs.n_found
         if n == 0:
             r.lease.release()
             return
         out = self.store.alloc_blocks(n)
         r.lease.copy_memory(out)
-        r.lease.record(r.lease.plan(), n)
+        r.lease.record(empty_plan(r.lease.block_layer_bytes), hits)
         r.lease.release()
-        r.hits = r.from_memory = n
+        r.hits = r.from_memory = hits
+
+    def restore_rate(self) -> float | None:
+        """The disk model's read bandwidth, with ``recompute_when_faster`` on."""
+        return self.ctx.disk_model.read_gib_s * GIB if self.config.recompute_when_faster else None
+
+    def restore_end_s(self, full_bytes: float) -> float:
+        """The shared disk model: restores in flight and writes in flight share it."""
+        ctx = self.ctx
+        return ctx.disk.reads_end_s(ctx.disk_model.read_s(full_bytes, 0))
+
+    def decline_restore(self, rs: RequestState) -> None:
+        rs.needs_restore, rs.restore_bytes = False, 0.0
+        self._read_now(rs, rs.sys, rs.lead_memory)
 
     def start_restore(self, rs: RequestState, done: Callable[[RequestState], None]) -> None:
         rs.prefetch_start = self.ctx.loop.now

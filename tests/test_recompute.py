@@ -1,0 +1,107 @@
+"""Restore or recompute (``sched.recompute``, ``sched.rates``) with a fake clock.
+
+Sizes are the replay's presets: DeepSeek-V3 keeps 70,272 KV bytes a token, V4-Flash
+3,922; the b200x8 preset prefills 60,000 tokens/s; the local disk model reads
+1.2 GiB/s, the nvme-gen5 model 5 GiB/s.
+"""
+
+import pytest
+
+from sglang_flatcake.sched.rates import Backlog, Rate
+from sglang_flatcake.sched.recompute import RestoreOrRecompute
+
+GIB = 1 << 30
+V3, FLASH = 70_272, 3_922                 # KV bytes per token
+PREFILL = 60_000.0                        # tokens per second
+
+
+def decider(disk_bytes_per_s, enabled=True):
+    return RestoreOrRecompute(Rate(disk_bytes_per_s), Rate(PREFILL), enabled)
+
+
+def test_does_nothing_when_restores_are_faster():
+    d = decider(1.2 * GIB)                # V4-Flash: 3.0 us a token to restore, 16.7 to recompute
+    for tokens, disk, gpu in [(512, 0, 0), (100_000, 0, 0), (20_000, 0.2e9, 0), (20_000, 0, 1e6)]:
+        c = d.choose(tokens * FLASH, tokens, disk, gpu)
+        assert c.restore and c.restore_s <= c.recompute_s
+    assert d.counts == {"restored_requests": 4, "recomputed_requests": 0, "recomputed_tokens": 0,
+                        "ssd_bytes_not_read": 0, "reconsidered_requests": 0}
+
+
+def test_recomputes_when_the_local_disk_is_slower_than_the_gpu():
+    d = decider(1.2 * GIB)                # V3: 54.5 us a token to restore, 16.7 to recompute
+    c = d.choose(10_000 * V3, 10_000, 0, 0)
+    assert not c.restore
+    assert c.restore_s == pytest.approx(10_000 * V3 / (1.2 * GIB))
+    assert c.recompute_s == pytest.approx(10_000 / PREFILL)
+    assert d.counts["recomputed_requests"] == 1 and d.counts["recomputed_tokens"] == 10_000
+    assert d.counts["ssd_bytes_not_read"] == 10_000 * V3
+
+
+def test_the_queues_ahead_decide_on_a_fast_disk():
+    d = decider(5 * GIB)                  # V3 on nvme-gen5: 13.1 us a token, faster than the GPU
+    assert d.choose(10_000 * V3, 10_000, 0, 0).restore
+    busy_disk = d.choose(10_000 * V3, 10_000, 20e9, 0)          # 3.7 s of restores ahead
+    assert not busy_disk.restore
+    busy_both = d.choose(10_000 * V3, 10_000, 20e9, 300_000)    # and 5 s of prefill ahead
+    assert busy_both.restore
+    assert busy_both.restore_s == pytest.approx(busy_disk.restore_s)
+    assert d.counts["restored_requests"] == 2 and d.counts["recomputed_requests"] == 1
+
+
+def test_off_unknown_rates_and_nothing_on_ssd_always_restore():
+    off = decider(1.2 * GIB, enabled=False)
+    assert off.choose(10_000 * V3, 10_000, 0, 0).restore
+    assert off.counts["restored_requests"] == off.counts["recomputed_requests"] == 0
+    unknown = RestoreOrRecompute(Rate(), Rate(PREFILL))   # no restore measured yet
+    c = unknown.choose(10_000 * V3, 10_000, 0, 0)
+    assert c.restore and c.restore_s is None
+    on = decider(1.2 * GIB)
+    assert on.choose(0, 10_000, 0, 0).restore and on.choose(V3, 0, 0, 0).restore
+    assert on.stats()["restore_bytes_per_s"] == pytest.approx(1.2 * GIB)
+    assert on.stats()["prefill_tokens_per_s"] == PREFILL
+
+
+def test_rate_is_a_moving_sum_of_measurements():
+    r = Rate(2.0)
+    assert r.value == 2.0 and r.samples == 0
+    r.observe(10.0, 1.0)
+    assert r.value == pytest.approx((0.8 * 2 + 10) / (0.8 + 1))
+    for amount, seconds in [(0.0, 5.0), (5.0, 0.0), (5.0, -1.0)]:
+        r.observe(amount, seconds)        # nothing done, or no time: ignored
+    assert r.samples == 1 and r.value == pytest.approx((0.8 * 2 + 10) / (0.8 + 1))
+    empty = Rate()
+    assert empty.value is None
+    empty.observe(3.0, 2.0)
+    assert empty.value == pytest.approx(1.5) and empty.samples == 1
+    with pytest.raises(ValueError, match="first=0"):
+        Rate(0)
+
+
+def test_backlog_counts_queued_work_whole_and_running_work_less_its_progress():
+    b = Backlog()
+    b.add("a", 10.0)
+    b.add("b", 10.0)
+    assert b.remaining(0.0, 2.0) == 20.0 and b.queued() == 20.0
+    b.start("a", 1.0)
+    assert b.queued() == 10.0
+    assert b.remaining(3.0, 2.0) == pytest.approx(6.0 + 10.0)     # a served 2 s at 2/s
+    assert b.remaining(30.0, 2.0) == pytest.approx(10.0)          # never below zero
+    assert b.remaining(3.0, None) == 20.0                          # no rate: counted whole
+    b.start("b", 3.0)                     # two in flight share the rate
+    assert b.remaining(4.0, 2.0) == pytest.approx((10.0 - 3.0) + (10.0 - 1.0))
+    b.done("a")
+    b.done("nobody")
+    b.start("nobody", 0.0)
+    assert b.remaining(3.0, 2.0) == 10.0
+
+
+def test_each_choice_is_charged_its_own_service_time_once_more():
+    """The replay's V4-Flash case at 0.5 req/s: recomputing would end 0.07 s sooner for this
+    request but takes 0.41 s of GPU from the requests behind it; the restore 0.08 s of disk."""
+    d = decider(1.2 * GIB)
+    c = d.choose(24_704 * FLASH, 24_704, 0.536e9, 4_280)
+    assert c.recompute_s < c.restore_s                 # faster for the request alone ...
+    assert c.restore                                   # ... but not once its cost is counted
+    slow = d.choose(24_704 * V3, 24_704, 0.536e9, 4_280)
+    assert not slow.restore                            # V3 bytes: the disk costs more itself
