@@ -199,6 +199,25 @@ def test_deadline_orders_ssd_prefetch_starts(make):
     assert st.restorer.started == ["small"]           # its deadline is 4x nearer
 
 
+
+def on_two_ranks(target) -> list:
+    """Run ``target(rank, port, out)`` on two forked gloo ranks; their results, sorted."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return sorted(out.get(timeout=5) for _ in procs)
+
 def _rank(rank: int, port: int, out) -> None:
     """One TP rank: its local view differs (span, SSD bytes, when its restore ends)."""
     import os
@@ -231,21 +250,7 @@ def _rank(rank: int, port: int, out) -> None:
 
 def test_tp_ranks_reach_the_same_decisions():
     """Two gloo ranks with different local views agree on span, size, clock and admission."""
-    import multiprocessing as mp
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    res = sorted(out.get(timeout=5) for _ in procs)
+    res = on_two_ranks(_rank)
     (_, keys0, ssd0, early0, late0, now0), (_, keys1, ssd1, early1, late1, now1) = res
     assert keys0 == keys1 == 2                      # the shorter span (MIN)
     assert ssd0 == ssd1 == GB                       # the larger SSD size (MAX)
@@ -377,21 +382,7 @@ def _rank_decides(rank: int, port: int, out) -> None:
 
 def test_tp_ranks_agree_to_recompute_when_one_would():
     """Rank 0's estimate says recompute, rank 1's (no rates) restore: both recompute."""
-    import multiprocessing as mp
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_decides, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    assert sorted(out.get(timeout=5) for _ in procs) == [(0, False, True, 1), (1, False, True, 1)]
+    assert on_two_ranks(_rank_decides) == [(0, False, True, 1), (1, False, True, 1)]
 
 
 def test_single_queue_decides_when_the_head_would_restore(make):
