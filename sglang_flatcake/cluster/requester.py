@@ -13,6 +13,7 @@ slow or partitioned owner is ``RemoteResult(hits=0, reason=...)`` by then, never
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class RemoteReader:
         self.max_blocks, self.timeout_s = max_blocks, timeout_s
         self._zmq = zmq
         self._ctx = zmq.Context.instance()
+        self._verifier = ThreadPoolExecutor(1, thread_name_prefix="fc-verify")
         self._set_aside: list[tuple[np.ndarray, list[threading.Event]]] = []
         self._new_buffer()
 
@@ -122,13 +124,14 @@ class RemoteReader:
             acks.append([chunk[0], self._send(endpoint, ack_request(chunk[4])), None])
             return True
 
+        checks: list = []           # (start, n, future of _verified), in chunk order
+
         def check(chunk) -> bool:
-            """Verify a landed chunk; ``good`` ends at its first bad (block, layer)."""
-            nonlocal good, reason
-            ok = self._verified(chunk[0], chunk[1], chunk[2])
-            good = chunk[0] + ok
-            reason = reason if ok == chunk[1] else "checksum"
-            return ok == chunk[1]
+            """Queue a landed chunk's verification on the verifier thread (so the next
+            chunk's grant and transfer start meanwhile); False once any queued one failed."""
+            checks.append((chunk[0], chunk[1],
+                           self._verifier.submit(self._verified, *chunk[:3])))
+            return not any(f.done() and f.result() < n for _, n, f in checks)
 
         pending = self._send(endpoint, fetch_request(tenant, chunks[0][1]))
         for k, (start, ck) in enumerate(chunks):
@@ -169,8 +172,14 @@ class RemoteReader:
                 pending = self._send(endpoint, fetch_request(tenant, chunks[k + 1][1]))
             if (prev is not None and not check(prev)) or not more:
                 break                                 # (verified while this one moves)
-        if failed is None and flying is not None and land(flying) and good == flying[0]:
+        if failed is None and flying is not None and land(flying):
             check(flying)
+        for at, n, f in checks:      # ``good`` ends at the first bad (block, layer)
+            ok = f.result()
+            good = at + ok
+            if ok < n:
+                reason = "checksum"
+                break
         if failed is not None:
             # the owner is gone or late: its leases lapse; a buffer a late transfer may
             # still write is set aside until every transfer into it has ended
