@@ -1,11 +1,12 @@
 """The requester side: restore a remote owner's blocks, or miss within a bound.
 
 ``fetch`` asks the owner's service for the leading run of ``keys`` in chunks of
-``chunk_blocks``, pipelined: while one chunk moves (one Transfer Engine read into a
-registered receive buffer), the owner already reads the next into another staging slot and
-this side verifies the previous one.
-Every (block, layer) is verified against the owner's xxh3_64 checksums; every chunk is
-acked, and only then is the verified leading run copied into ``out``.  Every step shares one deadline (``timeout_s``): a dead,
+``chunk_blocks``, pipelined: two chunks move at once (one Transfer Engine read each into a
+registered receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
+next into another staging slot meanwhile (at most two of its slots held), and a landed
+chunk is verified on a verifier thread while the next ones move.  Every (block, layer) is
+verified against the owner's xxh3_64 checksums; every chunk is acked, and only then is the
+verified leading run copied into ``out``.  Every step shares one deadline (``timeout_s``): a dead,
 slow or partitioned owner is ``RemoteResult(hits=0, reason=...)`` by then, never a hang, and
 ``out`` is untouched unless ``hits > 0``.
 """
