@@ -16,7 +16,10 @@ registered staging buffer (no store, no checksums);
 (c) local restore: ``store.get`` of the session inside the owner process.
 Reports medians and bests; ``ratio_remote_vs_te`` = TE time / remote time (issue 13 target
 >= 0.80), from medians, and ``ratio_best_remote_vs_te`` from the fastest round of each (on a
-shared machine the medians swing with the other load).
+shared machine the medians swing with the other load).  CPU: ``*_cpu_s_per_gib`` is the CPU
+time of both processes (requester + owner, every thread, user + system) per GiB moved, for
+(a) and (b), medians; ``verify_cpu_s_per_gib`` is the requester's xxh3 check of every
+(block, layer) alone, timed on its own.
 Prints its configuration and one JSON line.
 """
 
@@ -39,7 +42,23 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from sglang_flatcake.cluster.owner_main import session_keys  # noqa: E402
 from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
 from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
+from sglang_flatcake.cluster.wire import block_checksums  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
+
+
+def cpu_of(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (every thread)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(fn, owner_pid: int):
+    """``fn()``'s result, wall seconds and CPU seconds of this process plus the owner's."""
+    t, c, o = time.perf_counter(), time.process_time(), cpu_of(owner_pid)
+    r = fn()
+    return (r, time.perf_counter() - t,
+            time.process_time() - c + cpu_of(owner_pid) - o)
 
 
 def main() -> int:
@@ -87,17 +106,14 @@ def main() -> int:
         out = np.empty((a.blocks, layout.layers, layout.block_layer_bytes), np.uint8)
         raw = np.empty(nbytes, np.uint8)
         raw_addr = engine.register(raw)
-        remote, te, local, grant = [], [], [], []
+        remote, te, local, grant, cpu_r, cpu_t = [], [], [], [], [], []
         for i in range(a.repeat + 1):           # the first round warms connections up
-            t0 = time.perf_counter()
-            r = reader.fetch(info["endpoint"], "", keys, None if a.no_copy else out)
-            dt = time.perf_counter() - t0
+            r, dt, cr = timed(lambda: reader.fetch(info["endpoint"], "", keys,
+                                                   None if a.no_copy else out), owner.pid)
             if r.hits != a.blocks:
                 raise RuntimeError(f"remote restore served {r.hits}/{a.blocks}: {r.reason}")
-            t0 = time.perf_counter()
-            ok = engine.read(info["te"], [raw_addr], [info["staging_addr"]], [nbytes],
-                             a.timeout_s)
-            tt = time.perf_counter() - t0
+            ok, tt, ct = timed(lambda: engine.read(info["te"], [raw_addr], [info["staging_addr"]],
+                                                   [nbytes], a.timeout_s), owner.pid)
             if not ok.ok:
                 raise RuntimeError(f"raw Transfer Engine read failed: {ok.reason}")
             owner.stdin.write("local\n")
@@ -108,8 +124,13 @@ def main() -> int:
                 grant.append(r.grant_seconds)
                 te.append(tt)
                 local.append(lo["local_s"])
-            print(f"round {i}: remote {dt * 1e3:.1f} ms, te {tt * 1e3:.1f} ms, "
-                  f"local {lo['local_s'] * 1e3:.1f} ms", flush=True)
+                cpu_r.append(cr)
+                cpu_t.append(ct)
+            print(f"round {i}: remote {dt * 1e3:.1f} ms (cpu {cr * 1e3:.0f} ms), te {tt * 1e3:.1f} ms "
+                  f"(cpu {ct * 1e3:.0f} ms), local {lo['local_s'] * 1e3:.1f} ms", flush=True)
+        t = time.process_time()
+        block_checksums(reader.buf[:a.blocks])     # xxh3 of every (block, layer), as verified
+        verify_cpu = time.process_time() - t
         med = statistics.median
         gib = nbytes / (1 << 30)
         res = dict(cfg, remote_s=med(remote), remote_grant_s=med(grant), te_s=med(te), local_s=med(local),
@@ -118,6 +139,8 @@ def main() -> int:
                    ratio_remote_vs_local=med(local) / med(remote),
                    best_remote_s=min(remote), best_te_s=min(te), best_local_s=min(local),
                    ratio_best_remote_vs_te=min(te) / min(remote),
+                   remote_cpu_s_per_gib=med(cpu_r) / gib, te_cpu_s_per_gib=med(cpu_t) / gib,
+                   verify_cpu_s_per_gib=verify_cpu / gib,
                    owner_read_commands=r.owner_read_commands)
         print(json.dumps(res), flush=True)
         if a.json:

@@ -256,6 +256,33 @@ def test_checksum_mismatch_cuts_the_run(engine, owner):
     assert not out[30:].any()
 
 
+def test_read_returns_only_once_every_entry_has_landed(engine):
+    """A read ends when its whole batch has (one entry: polled with sleeps; several: the
+    engine's own status call, since its single-entry check looks at the first entry only),
+    and ``start_read`` lets two reads move at once."""
+    peer = Engine("127.0.0.1")
+    try:
+        src = np.random.default_rng(7).integers(0, 256, 24 << 20, np.uint8)
+        src_addr = peer.register(src)
+        for entries in ([(0, 4096), (4096, (24 << 20) - 4096)], [(0, 24 << 20)]):
+            dst = np.zeros(24 << 20, np.uint8)
+            dst_addr = engine.register(dst)
+            r = engine.read(peer.session, [dst_addr + o for o, _ in entries],
+                            [src_addr + o for o, _ in entries], [n for _, n in entries], BOUND)
+            assert r.ok, r.reason
+            np.testing.assert_array_equal(dst, src)
+        dst = np.zeros(24 << 20, np.uint8)
+        dst_addr = engine.register(dst)
+        half = 12 << 20
+        jobs = [engine.start_read(peer.session, [dst_addr + o], [src_addr + o], [half])
+                for o in (0, half)]
+        assert all(j.wait(BOUND).ok for j in jobs)
+        assert jobs[0].wait(0).ok                   # a second wait gives the first answer
+        np.testing.assert_array_equal(dst, src)
+    finally:
+        peer.close()
+
+
 def test_bad_arguments(engine):
     from sglang_flatcake.errors import ConfigError
     with pytest.raises(ConfigError, match="timeout_s=0"):

@@ -20,7 +20,7 @@ from .wire import block_checksums, plan_checksums
 
 @dataclass(frozen=True)
 class StagedRun:
-    hits: int                               # leading blocks ready (SSD ones verified)
+    hits: int                               # leading blocks ready (verified by the requester)
     segments: list[tuple[int, int, int]]    # (first block of the run, remote address, bytes)
     checksums: list[list[int]]              # per (block, layer), as the store writes them
     from_ssd: int
@@ -31,14 +31,16 @@ def stage_run(store, lease, view: np.ndarray, view_addr: int, arena_addr: int | 
     """Read ``lease``'s SSD blocks into ``view`` (``(n, layers, block_layer_bytes)``, registered
     at ``view_addr``); memory blocks are served from the arena registered at ``arena_addr``
     (``None``: copied into ``view`` instead).  Records the read on the lease.  An I/O error is
-    recorded and raised (``IOEngineError``); a checksum failure cuts the run there."""
+    recorded and raised (``IOEngineError``).  The SSD bytes are not hashed here: the grant
+    carries the store's own checksums and the requester verifies every (block, layer) where
+    the bytes land, end to end (disk, staging slot, wire), so a corrupt block is its miss."""
     lay, n = store.layout, lease.n
     bad = np.zeros(n, dtype=bool)
     plan = lease.plan()
     if arena_addr is None:
         lease.copy_memory(view)
     try:
-        store.reader.read_into(plan, view[:n], bad, store.config.verify_reads)
+        store.reader.read_into(plan, view[:n], bad, False)
     except OSError:
         lease.record(plan, 0, read_error=True)
         raise

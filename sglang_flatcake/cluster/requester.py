@@ -1,10 +1,12 @@
 """The requester side: restore a remote owner's blocks, or miss within a bound.
 
 ``fetch`` asks the owner's service for the leading run of ``keys`` in chunks of
-``chunk_blocks``, pipelined: while one chunk moves (one Transfer Engine read into a
-registered receive buffer), the owner already reads the next into another staging slot.
-Every (block, layer) is verified against the owner's xxh3_64 checksums; every chunk is
-acked, and only then is the verified leading run copied into ``out``.  Every step shares one deadline (``timeout_s``): a dead,
+``chunk_blocks``, pipelined: two chunks move at once (one Transfer Engine read each into a
+registered receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
+next into another staging slot meanwhile (at most two of its slots held), and a landed
+chunk is verified on a verifier thread while the next ones move.  Every (block, layer) is
+verified against the owner's xxh3_64 checksums; every chunk is acked, and only then is the
+verified leading run copied into ``out``.  Every step shares one deadline (``timeout_s``): a dead,
 slow or partitioned owner is ``RemoteResult(hits=0, reason=...)`` by then, never a hang, and
 ``out`` is untouched unless ``hits > 0``.
 """
@@ -12,6 +14,7 @@ slow or partitioned owner is ``RemoteResult(hits=0, reason=...)`` by then, never
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import xxhash
 
 from ..errors import ConfigError
 from ..layout import KVLayout
-from .transfer import Engine
+from .transfer import Engine, ReadResult
 from .wire import ack_request, fetch_request
 
 
@@ -57,11 +60,12 @@ class RemoteReader:
         self.max_blocks, self.timeout_s = max_blocks, timeout_s
         self._zmq = zmq
         self._ctx = zmq.Context.instance()
-        self._set_aside: list[tuple[np.ndarray, threading.Event]] = []
+        self._verifier = ThreadPoolExecutor(1, thread_name_prefix="fc-verify")
+        self._set_aside: list[tuple[np.ndarray, list[threading.Event]]] = []
         self._new_buffer()
 
     def _new_buffer(self) -> None:
-        self._set_aside = [(b, e) for b, e in self._set_aside if not e.is_set()]
+        self._set_aside = [(b, ev) for b, ev in self._set_aside if not all(e.is_set() for e in ev)]
         self.buf = np.zeros((self.max_blocks, self.layout.layers, self.layout.block_layer_bytes),
                             np.uint8)
         self.buf_addr = self.engine.register(self.buf)
@@ -106,7 +110,30 @@ class RemoteReader:
             raise ValueError(f"out holds {want.shape[0]} blocks for {len(keys)} keys")
         chunks = [(i, keys[i:i + self.chunk_blocks]) for i in range(0, len(keys), self.chunk_blocks)]
         good, moved, reason, t_grant, cmds = 0, 0, "", 0.0, 0
+        bb = self.layout.block_bytes
         acks: list[list] = []       # [chunk start, socket until answered else None, answer]
+        jobs, failed, flying = [], None, None   # flying: (start, n, checksums, job, lease)
+
+        def land(chunk) -> bool:
+            """Wait for ``chunk``'s transfer and ack it (its slot is free again)."""
+            nonlocal moved, failed
+            r = chunk[3].wait(deadline - time.monotonic())
+            if not r.ok:
+                failed = r
+                return False
+            moved += chunk[1] * bb
+            acks.append([chunk[0], self._send(endpoint, ack_request(chunk[4])), None])
+            return True
+
+        checks: list = []           # (start, n, future of _verified), in chunk order
+
+        def check(chunk) -> bool:
+            """Queue a landed chunk's verification on the verifier thread (so the next
+            chunk's grant and transfer start meanwhile); False once any queued one failed."""
+            checks.append((chunk[0], chunk[1],
+                           self._verifier.submit(self._verified, *chunk[:3])))
+            return not any(f.done() and f.result() < n for _, n, f in checks)
+
         pending = self._send(endpoint, fetch_request(tenant, chunks[0][1]))
         for k, (start, ck) in enumerate(chunks):
             grant = self._recv(pending, deadline)
@@ -118,44 +145,53 @@ class RemoteReader:
                 reason = grant.get("error") or grant.get("reason", "miss")
                 break
             n, nbytes = int(grant["hits"]), int(grant["bytes"])
-            if n > len(ck) or nbytes != n * self.layout.block_bytes:
+            if n > len(ck) or nbytes != n * bb:
                 reason = "bad grant"
                 break
             t_grant = t_grant or time.monotonic() - t0
             cmds += int(grant.get("read_commands", 0))
-            if acks and acks[-1][1] is not None:   # the previous chunk's slot is free again
-                acks[-1][1:] = [None, self._recv(acks[-1][1], deadline)]   # before a fetch
-            if k + 1 < len(chunks) and n == len(ck):          # the owner reads the next chunk
-                pending = self._send(endpoint, fetch_request(tenant, chunks[k + 1][1]))
             if on_grant is not None:
                 on_grant(grant)
             segs = grant.get("segments") or [[0, grant["addr"], nbytes]]
-            if not _segments_fit(segs, n, self.layout.block_bytes):
+            if not _segments_fit(segs, n, bb):
                 reason = "bad grant"
                 break
-            bb = self.layout.block_bytes
-            r = self.engine.read(grant["peer"], [self.buf_addr + (start + int(s[0])) * bb
-                                                 for s in segs],
-                                 [int(s[1]) for s in segs], [int(s[2]) for s in segs],
-                                 deadline - time.monotonic())
-            if not r.ok:
-                if r.quarantined is not None:
-                    self._set_aside.append((self.buf, r.quarantined))
-                    self._new_buffer()
-                for sock in [a[1] for a in acks if a[1] is not None] + ([pending] if pending else []):
-                    sock.close()              # the owner is gone or late: its leases lapse
-                return RemoteResult(0, moved, time.monotonic() - t0, "transfer " + r.reason,
-                                    cmds, t_grant)
-            moved += nbytes
-            ok = self._verified(start, n, grant["checksums"])
-            # ack now: the owner frees the slot and says whether the run is still stored
-            acks.append([start, self._send(endpoint, ack_request(grant["lease"])), None])
-            good = start + ok
+            if deadline <= time.monotonic():
+                failed = ReadResult(False, "timeout")
+                break
+            # two transfers in flight: this chunk starts while the previous one lands
+            jobs.append(self.engine.start_read(
+                grant["peer"], [self.buf_addr + (start + int(s[0])) * bb for s in segs],
+                [int(s[1]) for s in segs], [int(s[2]) for s in segs]))
+            prev, flying = flying, (start, n, grant["checksums"], jobs[-1], grant["lease"])
+            if prev is not None and not land(prev):
+                break
+            if acks and acks[-1][1] is not None:   # the landed chunk's slot is free again
+                acks[-1][1:] = [None, self._recv(acks[-1][1], deadline)]   # before a fetch
+            more = k + 1 < len(chunks) and n == len(ck)
+            if more:                                  # the owner reads the next chunk
+                pending = self._send(endpoint, fetch_request(tenant, chunks[k + 1][1]))
+            if (prev is not None and not check(prev)) or not more:
+                break                                 # (verified while this one moves)
+        if failed is None and flying is not None and land(flying):
+            check(flying)
+        for at, n, f in checks:      # ``good`` ends at the first bad (block, layer)
+            ok = f.result()
+            good = at + ok
             if ok < n:
                 reason = "checksum"
                 break
-            if n < len(ck):
-                break
+        if failed is not None:
+            # the owner is gone or late: its leases lapse; a buffer a late transfer may
+            # still write is set aside until every transfer into it has ended
+            late = [e for e in (j.wait(0).quarantined for j in jobs) if e is not None]
+            if late:
+                self._set_aside.append((self.buf, late))
+                self._new_buffer()
+            for sock in [a[1] for a in acks if a[1] is not None] + ([pending] if pending else []):
+                sock.close()
+            return RemoteResult(0, moved, time.monotonic() - t0, "transfer " + failed.reason,
+                                cmds, t_grant)
         if pending is not None:       # a chunk the loop stopped before: give its lease back
             late = self._recv(pending, deadline)
             if late and late.get("lease"):

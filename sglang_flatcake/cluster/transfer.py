@@ -13,6 +13,7 @@ reuse it before then.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -75,41 +76,83 @@ class Engine:
              lengths: Sequence[int], timeout_s: float) -> ReadResult:
         """Read ``lengths[i]`` bytes at ``remote[i]`` on ``peer`` into ``local[i]`` (all
         registered), as one batch.  Returns within ``timeout_s`` (plus thread start-up)."""
-        with self._lock:
-            if self._late >= self.MAX_LATE:
-                return ReadResult(False, "too many late")
         if timeout_s <= 0:
             return ReadResult(False, "timeout")
+        return self.start_read(peer, local, remote, lengths).wait(timeout_s)
+
+    def start_read(self, peer: str, local: Sequence[int], remote: Sequence[int],
+                   lengths: Sequence[int]) -> "PendingRead":
+        """Start ``read``'s batch on a worker thread and return at once; the caller may work
+        (verify the previous chunk) while it moves, then ``wait`` on it."""
+        with self._lock:
+            refused = self._late >= self.MAX_LATE
         done = threading.Event()
         out: dict[str, int] = {}
+        if refused:
+            return PendingRead(self, done, out, "too many late")
 
         def work() -> None:
             try:
                 bid = self._te.batch_transfer_async_read(peer, list(local), list(remote),
                                                          list(lengths))
-                out["status"] = self._te.get_batch_transfer_status([bid]) if bid > 0 else -1
+                out["status"] = (-1 if bid <= 0 else self._poll(bid) if len(local) == 1
+                                 else self._te.get_batch_transfer_status([bid]))
             finally:
                 done.set()
 
-        t = threading.Thread(target=work, name="fc-te-read", daemon=True)
-        t.start()
-        if not done.wait(timeout_s):
+        threading.Thread(target=work, name="fc-te-read", daemon=True).start()
+        return PendingRead(self, done, out, "")
+
+    def _poll(self, bid: int) -> int:
+        """0 once the single-entry batch ``bid`` completed, else -1.  The engine's
+        ``get_batch_transfer_status`` spins a core until the batch ends (on two cores, the
+        one the transfer and the checksums need); this sleeps between status checks instead.
+        Only for one entry: ``transfer_check_status`` looks at the batch's first entry alone."""
+        pause = 0.0002
+        while (st := self._te.transfer_check_status(bid)) == 0:
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.001)
+        return 0 if st == 1 else -1
+
+    def _abandon(self, done: threading.Event) -> threading.Event:
+        """Count a late read until its worker returns; the event is set then."""
+        with self._lock:
+            self._late += 1
+        ended = threading.Event()
+
+        def reap() -> None:
+            done.wait()
             with self._lock:
-                self._late += 1
-            ended = threading.Event()
+                self._late -= 1
+            ended.set()
 
-            def reap() -> None:
-                done.wait()
-                with self._lock:
-                    self._late -= 1
-                ended.set()
-
-            threading.Thread(target=reap, name="fc-te-reap", daemon=True).start()
-            return ReadResult(False, "timeout", ended)
-        return ReadResult(True, "") if out.get("status") == 0 else ReadResult(False, "failed")
+        threading.Thread(target=reap, name="fc-te-reap", daemon=True).start()
+        return ended
 
     def close(self) -> None:
         """Unregister every buffer (the engine itself lives until the process ends)."""
         for buf in self._registered:
             self._te.unregister_memory(buf.ctypes.data)
         self._registered.clear()
+
+
+class PendingRead:
+    """A started batch (``Engine.start_read``); ``wait`` it exactly once."""
+
+    def __init__(self, engine: Engine, done: threading.Event, out: dict, refused: str) -> None:
+        self._engine, self._done, self._out, self._refused = engine, done, out, refused
+        self._result: ReadResult | None = None
+
+    def wait(self, timeout_s: float) -> ReadResult:
+        """The batch's result within ``timeout_s``; a late batch is abandoned and its target
+        buffer quarantined (``ReadResult.quarantined``).  Later calls return the first answer."""
+        if self._refused:
+            return ReadResult(False, self._refused)
+        if self._result is None:
+            if not self._done.wait(max(timeout_s, 0.0)):
+                self._result = ReadResult(False, "timeout", self._engine._abandon(self._done))
+            elif self._out.get("status") == 0:
+                self._result = ReadResult(True, "")
+            else:
+                self._result = ReadResult(False, "failed")
+        return self._result

@@ -12,8 +12,9 @@ Protocol (JSON over a ZeroMQ REP socket bound to the operator's address):
   requester until it acks or ``lease_s`` passes.  Each segment is one transfer: consecutive
   SSD blocks in the slot, or consecutive arena slots (one segment ``[0, a, b]`` for a run all
   on SSD).  ``hits == 0`` is a miss (not stored, another tenant's keys, or every slot busy).
-  Checksums are the store's own for SSD blocks (the read has just verified the bytes against
-  them) and hashed from the arena for memory blocks.
+  Checksums are the store's own for SSD blocks (written with the segment; the owner does not
+  hash the bytes it reads, the requester checks them where they land) and hashed from the
+  arena for memory blocks.
 - ``{"op": "ack", "lease": id}`` -> ``{"valid": bool}``: frees the slot; ``valid`` is true
   only when the lease was still held (the slot was not reused) *and* the store still holds
   the run (``exists``): a session reclaimed while the transfer ran is a miss, never served.
