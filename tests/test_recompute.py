@@ -105,3 +105,20 @@ def test_each_choice_is_charged_its_own_service_time_once_more():
     assert c.restore                                   # ... but not once its cost is counted
     slow = d.choose(24_704 * V3, 24_704, 0.536e9, 4_280)
     assert not slow.restore                            # V3 bytes: the disk costs more itself
+
+
+def test_a_measured_rate_is_not_stretched_past_what_it_has_seen():
+    """One small restore (fixed latency, mostly) does not price a restore 40x its size: the
+    decision restores until the measured amounts reach half of what it must time."""
+    r = Rate()
+    r.observe(8192, 0.2)                              # 8 KiB in 0.2 s: 41 KB/s
+    assert r.value_for(8192) == pytest.approx(40960) and r.value_for(16384) == r.value
+    assert r.value_for(16385) is None and r.value_for(1 << 20) is None
+    d = RestoreOrRecompute(r, Rate(PREFILL))
+    big = d.estimate(300 * 1024, 600, 0, 0)
+    assert big.restore and big.restore_s is None      # unknown for this size: restore
+    for _ in range(3):
+        r.observe(300 * 1024, 7.0)                    # now measured at this size, and slow
+    slow = d.estimate(300 * 1024, 600, 0, 0)
+    assert not slow.restore and slow.restore_s > slow.recompute_s
+    assert Rate(5.0).value_for(1e12) == 5.0           # a given rate is trusted for any amount

@@ -261,12 +261,13 @@ def test_tp_ranks_reach_the_same_decisions():
 
 # -- restore or recompute (sched.recompute) ------------------------------------------------
 def rates(st, restore_bytes_per_s, prefill_tokens_per_s):
-    """Give the scheduler measured rates (as if restores and prefills had run)."""
+    """Give the scheduler measured rates (as if restores and prefills had run for long
+    enough that their amounts cover the requests these tests time: ``Rate.value_for``)."""
     from sglang_flatcake.sched.rates import Rate
     d = st.estimates.decider
     d.restore, d.prefill = Rate(), Rate()
-    d.restore.observe(restore_bytes_per_s, 1.0)
-    d.prefill.observe(prefill_tokens_per_s, 1.0)
+    d.restore.observe(restore_bytes_per_s * 1e4, 1e4)
+    d.prefill.observe(prefill_tokens_per_s * 1e4, 1e4)
 
 
 def test_restores_while_nothing_is_measured(make):

@@ -11,7 +11,10 @@ gets session 2's next turn at once (its owner is dead but may still be listed: a
 ``--flatcake-remote-timeout-s``) and, after a flush, session 1's fourth turn;
 ``after_owner_killed_ok``: both answered, no error, same logprobs as the reference, each
 restore (its log line) done within the timeout plus 0.5 s, and each answer within the timeout
-plus its own prefill (the reference's time for it) plus 2 s of CPU noise.
+plus its own prefill (the reference's time for it) plus 2 s of CPU noise.  The nodes run
+with ``--flatcake-recompute-when-faster=false``: on the tiny CPU model recomputing a 600-token
+history (under 0.1 s) beats any restore, so the decision would rightly skip the restores this
+demo exists to show.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def run_nodes(args) -> int:
                         log_path=str(work / "reference.log"))
     nodes = [ServerProcess(cpu_server_args(model, str(work / f"store{i}"), PAGE, extra=[
         "--enable-metrics", "--flatcake-node-id", str(i), "--flatcake-cluster-directory",
-        directory.url, "--flatcake-remote-timeout-s", str(TIMEOUT_S)]),
+        directory.url, "--flatcake-remote-timeout-s", str(TIMEOUT_S),
+        "--flatcake-recompute-when-faster=false"]),       # the demo is about restores
         log_path=str(work / f"node{i}.log")) for i in range(2)]
     try:
         print("[demo] the reference server (no cache) answers every turn first ...",

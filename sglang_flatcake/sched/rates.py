@@ -12,16 +12,31 @@ from typing import Hashable
 MEMORY = 0.8        # weight of the past in a moving sum (``queues`` uses it for its restore rate)
 
 
+TRUST = 0.5         # a measured rate speaks for amounts up to 1 / TRUST times what it has seen
+
+
 class Rate:
     """Units per second as moving sums of measurements: ``observe(amount, seconds)`` weighs the
-    sums so far by ``MEMORY``.  ``first`` counts as one second of measurement (None: no value
-    until the first measurement)."""
+    sums so far by ``MEMORY``.  ``first`` (a rate the caller knows, e.g. a model's) counts as one
+    second of measurement and is trusted for any amount (None: no value until the first
+    measurement)."""
 
     def __init__(self, first: float | None = None) -> None:
         if first is not None and not first > 0:
             raise ValueError(f"first={first!r} is not allowed: expected a rate > 0 or None")
         self._sums = [float(first), 1.0] if first is not None else [0.0, 0.0]
+        self.known = first is not None
         self.samples = 0
+
+    def value_for(self, amount: float) -> float | None:
+        """``value`` when it may be used to time ``amount``: a rate given at construction
+        always; a measured one only once the amounts it has seen (moving sum) reach
+        ``TRUST * amount``, since a few small measurements are mostly fixed latency (seen: one
+        8 KiB restore in 0.2 s, the first over a new connection, priced a 0.3 MiB restore at
+        7 s).  None: not known for that amount."""
+        if self.known or self._sums[0] >= TRUST * amount:
+            return self.value
+        return None
 
     def observe(self, amount: float, seconds: float) -> None:
         """Add one measurement; ignored unless both ``amount`` and ``seconds`` are > 0."""

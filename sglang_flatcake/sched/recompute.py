@@ -30,7 +30,8 @@ recomputed, nothing is read from the SSD and nothing wrong is served.
 The rates are ``Rate`` moving sums of measured work (the server: its restores and
 prefill steps; the replay: its restores, from the disk model's bandwidth, and the
 GPU preset's prefill rate).  While a rate is unknown the decision restores (what
-was done before it existed).  ``Backlog`` (``rates``) is the work queued or in
+was done before it existed); a measured rate counts as known for a request only once
+it has measured at least half that request's amount (``Rate.value_for``).  ``Backlog`` (``rates``) is the work queued or in
 flight on one resource.  Everything is plain arithmetic over the values passed
 in: with TP ranks, callers agree on the answer, not the inputs.
 """
@@ -69,7 +70,7 @@ class RestoreOrRecompute:
     def estimate(self, ssd_bytes: float, tokens: int, disk_backlog_bytes: float,
                  gpu_backlog_tokens: float) -> Choice:
         """The comparison for one request, counting nothing."""
-        r, p = self.restore.value, self.prefill.value
+        r, p = self.restore.value_for(ssd_bytes), self.prefill.value_for(tokens)
         if not self.enabled or ssd_bytes <= 0 or tokens <= 0 or r is None or p is None:
             return Choice(True, None, None)
         modelled = (max(0.0, disk_backlog_bytes) + ssd_bytes) / r
