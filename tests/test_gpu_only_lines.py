@@ -30,7 +30,7 @@ READ_PATH = ["sglang_flatcake/read/window.py", "sglang_flatcake/read/fills.py",
              "sglang_flatcake/read/device.py", "sglang_flatcake/read/read_lease.py",
              "sglang_flatcake/sglang/direct.py"]
 TESTS = ["tests/test_window.py", "tests/test_scatter.py", "tests/test_checksum.py",
-         "tests/test_device_path.py", "tests/test_device_edges.py"]
+         "tests/test_device_path.py", "tests/test_device_edges.py", "tests/test_flow_cut.py"]
 
 
 def unexecuted() -> list[str]:
