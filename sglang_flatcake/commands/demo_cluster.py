@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .demo import DemoFailure
+from .server_calls import DemoFailure
 from .demo_cluster_steps import PAGE, TIMEOUT_S, reference, scenario
 
 def _start_all(servers) -> None:

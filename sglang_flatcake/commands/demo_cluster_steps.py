@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .demo import DemoFailure, backup_tokens, flush, prometheus
+from .server_calls import DemoFailure, backup_tokens, flush, prometheus
 from .processes import wait_until
 
 PAGE, TIMEOUT_S = 16, 1.0

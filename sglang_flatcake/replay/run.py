@@ -23,6 +23,7 @@ from ..sched.queues import AGING
 from . import cluster_run, flags
 from .clock import EventLoop, SharedDisk
 from .metrics import infinite_cache_hits, summarize
+from .plan import plan_runs, policy_name
 from .policy import POLICIES, make_policy
 from .replayer import Replayer
 from .report import (ablation, format_ablation, format_policies, format_table, plot,
@@ -113,32 +114,6 @@ def _floats(text: str, name: str) -> list[float]:
     if not vals or any(v <= 0 for v in vals):
         raise FlatCakeError(f"{name} {text!r}: expected positive numbers")
     return vals
-
-
-def _policy_name(choice: str, system: str, over: dict | None = None) -> str:
-    if choice != "auto":
-        return choice
-    if over and over.get("single_queue") and issubclass(SYSTEMS[system], FlatCake):
-        return "head-only"
-    return SYSTEMS[system].policy
-
-
-def plan_runs(systems: list[str], choice: str, compare: bool,
-              over: dict | None = None) -> list[tuple[str, str]]:
-    """(system, policy) pairs, in order.  With ``--policy auto`` and ``compare``, every
-    flatcake store also runs under each policy it does not run under already (a system
-    ``same_as`` another counts as that one under its own policy)."""
-    runs = [(s, _policy_name(choice, s, over)) for s in systems]
-    if choice != "auto" or not compare:
-        return runs
-    out = []
-    for s, pol in runs:
-        out.append((s, pol))
-        if not issubclass(SYSTEMS[s], FlatCake) or SYSTEMS[s].same_as:
-            continue
-        have = {p for t, p in runs if t == s or SYSTEMS[t].same_as == s}
-        out += [(s, p) for p in POLICIES if p not in have]
-    return out
 
 
 def _say(msg: str) -> None:
@@ -261,7 +236,7 @@ def run(args) -> int:
         "staging_gb": staging / sizing.scale / 1e9,
         "mean_history_gb": blocks / len(trace.requests) * sizing.full_block_bytes / 1e9,
         "gpu": vars(gpu), "disk": vars(disk_model), "policy": args.policy,
-        "policies": {s: _policy_name(args.policy, s, st.over) for s in systems},
+        "policies": {s: policy_name(args.policy, s, st.over) for s in systems},
         "max_prefills": args.max_prefills, "streams": args.streams,
         "prefetch_budget_gb": st.budget / 1e9, "queue_aging": st.aging,
         "recompute_when_faster": bool(st.over.get("recompute_when_faster",

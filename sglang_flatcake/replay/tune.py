@@ -28,7 +28,8 @@ from typing import Callable
 from ..config import FlatCakeConfig
 from ..errors import FlatCakeError
 from . import flags
-from .run import Setup, _policy_name, add_arguments as _replay_arguments
+from .plan import policy_name
+from .run import Setup, add_arguments as _replay_arguments
 from .traces import Trace
 
 GRID: dict[str, tuple] = {"short_reply_tokens": (0, 128, 512, 2048, 8192),
@@ -151,7 +152,7 @@ def run(args) -> int:
     def evaluate_on(trace: Trace, tag: str) -> Callable[[dict], dict]:
         def evaluate(settings: dict) -> dict:
             over = {**st.over, **settings}
-            pol = _policy_name("auto", "flatcake", over)
+            pol = policy_name("auto", "flatcake", over)
             rows, details = [], []
             for rate in st.rates:
                 row, det = st.replay(trace, "flatcake", pol, rate, base / f"{tag}-r{rate:g}", over)
