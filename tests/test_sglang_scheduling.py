@@ -6,6 +6,8 @@ its four calls are replaced so the queueing logic is checked step by step.
 
 from __future__ import annotations
 
+import contextlib
+
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -218,8 +220,11 @@ def on_two_ranks(target) -> list:
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     return sorted(out.get(timeout=5) for _ in procs)
 
-def _rank(rank: int, port: int, out) -> None:
-    """One TP rank: its local view differs (span, SSD bytes, when its restore ends)."""
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, port: int):
+    """This process as gloo rank ``rank`` of 2: ``(FlatCakeScheduling on a fake restorer, its
+    scheduler)``; the process group goes at the end."""
     import os
 
     import torch.distributed as dist
@@ -229,7 +234,14 @@ def _rank(rank: int, port: int, out) -> None:
         scheduling.DirectRestorer = FakeRestorer
         sched = SimpleNamespace(waiting_queue=[], tp_size=2, tp_cpu_group=dist.group.WORLD)
         backend = SimpleNamespace(config=FlatCakeConfig(prefetch_budget_bytes=2 * GB))
-        st = scheduling.FlatCakeScheduling(sched, backend)
+        yield scheduling.FlatCakeScheduling(sched, backend), sched
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank(rank: int, port: int, out) -> None:
+    """One TP rank: its local view differs (span, SSD bytes, when its restore ends)."""
+    with gloo_rank(rank, port) as (st, sched):
         st.restorer.lookup = lambda req: Flow(req.rid, None, list(range(64 if rank else 32)),
                                               ["k"] * (4 if rank else 2), 0,
                                               GB // (2 if rank else 1), 0)
@@ -244,8 +256,6 @@ def _rank(rank: int, port: int, out) -> None:
             finish(st, "long")
         st.pump()
         out.put((rank, len(flow.keys), flow.ssd_bytes, early, st.gate("long"), st.now))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_tp_ranks_reach_the_same_decisions():
@@ -362,23 +372,12 @@ def test_rates_are_measured_from_restores_and_prefill_steps(make):
 
 def _rank_decides(rank: int, port: int, out) -> None:
     """One TP rank: rank 0 has measured a slow SSD, rank 1 nothing yet."""
-    import os
-
-    import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        scheduling.DirectRestorer = FakeRestorer
-        sched = SimpleNamespace(waiting_queue=[], tp_size=2, tp_cpu_group=dist.group.WORLD)
-        backend = SimpleNamespace(config=FlatCakeConfig(prefetch_budget_bytes=2 * GB))
-        st = scheduling.FlatCakeScheduling(sched, backend)
+    with gloo_rank(rank, port) as (st, sched):
         if rank == 0:
             rates(st, 1e6, 1e6)
         arrive(st, sched, "a", GB)
         st.pump()
         out.put((rank, "a" in st.flows, st.gate("a"), st.stats()["recomputed_requests"]))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_tp_ranks_agree_to_recompute_when_one_would():
