@@ -65,8 +65,11 @@ class MooncakeMaster(Managed):
 
     def start(self, timeout: float = 30) -> "MooncakeMaster":
         log = open(self.log_path, "ab")
+        # its HTTP metrics/admin server too: on loopback and a free port (its default, 9003 on
+        # 0.0.0.0, made a second master on one machine exit with "Address already in use")
         self.proc = subprocess.Popen(["mooncake_master", "--rpc_address=127.0.0.1",
-                                      f"--rpc_port={self.port}"], stdout=log,
+                                      f"--rpc_port={self.port}", "--metrics_host=127.0.0.1",
+                                      f"--metrics_port={free_port()}"], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
         def listening() -> bool:
