@@ -85,7 +85,8 @@ class ServerProcess(Managed):
         raise AssertionError("unreachable")
 
     def _port_taken(self) -> bool:
-        return BIND_FAILED in self.tail(20000) and f"'127.0.0.1', {self.port})" in self.tail(20000)
+        log = self.tail(20000)
+        return BIND_FAILED in log and f"'127.0.0.1', {self.port})" in log
 
     def _start_once(self, timeout: float) -> "ServerProcess":
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
