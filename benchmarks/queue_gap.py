@@ -29,32 +29,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sglang_flatcake.replay.metrics import percentile
+from sglang_flatcake.replay.metrics import tail_split
 from sglang_flatcake.replay.run import Setup, add_arguments
 from sglang_flatcake.replay.sizes import GIB
 from sglang_flatcake.replay.traces import arrivals
 
 POLICIES = ("two-queue", "fcfs", "head-only")
-
-
-def tail_split(states) -> dict:
-    """Shares of the P99 requests' summed TTFT: restore wait, restore, ready queue, prefill."""
-    ttft = [s.first_token - s.arrival for s in states]
-    cut = percentile(ttft, 99)
-    parts = {"restore_wait": 0.0, "restore": 0.0, "ready_queue": 0.0, "prefill": 0.0}
-    total = 0.0
-    for s, t in zip(states, ttft):
-        if t < cut:
-            continue
-        total += t
-        if s.prefetch_start is not None:
-            parts["restore_wait"] += s.prefetch_start - s.arrival
-            parts["restore"] += s.prefetch_end - s.prefetch_start
-        else:      # no restore ran: waited for one until declined (recompute), if at all
-            parts["restore_wait"] += s.ready_at - s.arrival
-        parts["ready_queue"] += s.prefill_start - s.ready_at
-        parts["prefill"] += s.first_token - s.prefill_start
-    return {k: round(v / total, 4) for k, v in parts.items()} if total else parts
 
 
 def main(argv: list[str] | None = None) -> int:

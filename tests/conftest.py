@@ -1,39 +1,16 @@
-"""Shared fixtures: small layouts, chain keys and deterministic block contents."""
+"""Shared fixtures: a small layout and config, a small real filesystem, a real redis-server,
+a tiny Llama for the real-server tests.  Shared helpers are in ``tests/support``."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 
-import numpy as np
 import pytest
 
 from sglang_flatcake.config import FlatCakeConfig
 from sglang_flatcake.layout import KVLayout
-
-
-def chain(n: int, seed: str = "a", start: bytes | None = None) -> list[str]:
-    """SGLang-style keys: hex SHA-256 chain."""
-    h = start or hashlib.sha256(seed.encode()).digest()
-    out = []
-    for i in range(n):
-        h = hashlib.sha256(h + i.to_bytes(4, "little")).digest()
-        out.append(h.hex())
-    return out
-
-
-def extend(keys: list[str], n: int, seed: str = "x") -> list[str]:
-    """Keys that continue the chain ``keys`` (a branch when ``seed`` differs)."""
-    return chain(n, seed, start=bytes.fromhex(keys[-1]) + seed.encode())
-
-
-def blocks_for(layout: KVLayout, keys: list[str]) -> np.ndarray:
-    """Contents derived from each key, so any mix-up shows."""
-    out = np.empty((len(keys), layout.block_bytes), np.uint8)
-    for i, k in enumerate(keys):
-        rng = np.random.default_rng(int(k[:15], 16))
-        out[i] = rng.integers(0, 256, layout.block_bytes, dtype=np.uint8)
-    return out
+from tests.support import mount_small_fs
+from tests.support.redis_server import redis_url  # noqa: F401  (fixture)
 
 
 @pytest.fixture
@@ -47,19 +24,16 @@ def config() -> FlatCakeConfig:
                           io_threads=2)
 
 
-def mount_small_fs(mnt, size: str = "3m") -> None:
-    """Mount a small private tmpfs at ``mnt`` (a real full disk); skip where mounting is not
-    allowed (no root)."""
-    mnt.mkdir(exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
-                        str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a small filesystem here: " + r.stderr.decode().strip())
-
-
 @pytest.fixture
 def small_fs(tmp_path):
     mnt = tmp_path / "small"
     mount_small_fs(mnt)
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)])
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A tiny random Llama built at test time (no download), once per module."""
+    from sglang_flatcake.commands.tiny_model import build_tiny_llama
+    return str(build_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-llama"))

@@ -101,6 +101,26 @@ def tail_disk_share(states: Sequence[RequestState], q: float = 99) -> float | No
     return idle / total if total > 0 else None
 
 
+def tail_split(states: Sequence[RequestState]) -> dict:
+    """Shares of the P99 requests' summed TTFT: restore wait, restore, ready queue, prefill."""
+    ttft = [s.first_token - s.arrival for s in states]
+    cut = percentile(ttft, 99)
+    parts = {"restore_wait": 0.0, "restore": 0.0, "ready_queue": 0.0, "prefill": 0.0}
+    total = 0.0
+    for s, t in zip(states, ttft):
+        if t < cut:
+            continue
+        total += t
+        if s.prefetch_start is not None:
+            parts["restore_wait"] += s.prefetch_start - s.arrival
+            parts["restore"] += s.prefetch_end - s.prefetch_start
+        else:      # no restore ran: waited for one until declined (recompute), if at all
+            parts["restore_wait"] += s.ready_at - s.arrival
+        parts["ready_queue"] += s.prefill_start - s.ready_at
+        parts["prefill"] += s.first_token - s.prefill_start
+    return {k: round(v / total, 4) for k, v in parts.items()} if total else parts
+
+
 def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None else round(float(x), nd)
 

@@ -1,0 +1,57 @@
+"""``benchmarks/gpu_check.py --emulate`` run as a user runs it, with CUDA hidden: its read-path
+parts on the emulated device make the same calls the GPU run makes (checksum kernel
+launches, ``restore_to_slots`` into device pools with flipped bytes, one ``DirectRestorer``
+flow), so one try on the GPU is enough."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT
+
+LAYOUTS = ("mha_bf16", "mla_bf16")      # benchmarks/gpu_read_path.py's LAYOUTS
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """The JSON of one emulated run (the parts are checked one per test)."""
+    d = tmp_path_factory.mktemp("gpu-check")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--emulate",
+                        "--size-gib", "0.01", "--repeat", "1", "--dir", str(d),
+                        "--json", str(d / "out.json")],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((d / "out.json").read_text())
+    assert doc == json.loads(r.stdout.strip().splitlines()[-1])
+    assert doc["read_path_device"] == "emulated", doc["read_path_device"]
+    return doc
+
+
+def test_checksums_part_on_the_emulated_device(report):
+    r = report["checksums"]
+    assert r["ok"] and r["wrong_lengths"] == [] and "bandwidth" not in r
+
+
+def test_restore_to_slots_part_finds_every_flipped_block(report):
+    r = report["restore_to_slots"]
+    for name in LAYOUTS:
+        row = r[name]
+        assert row["hits"] == 24 and row["from_memory"] == 4 and row["wrong_pieces"] == 0
+        assert row["hits_after_flip"] == 7 and row["corrupt_reported"] == [7, 12]
+        assert row["checksum_failures"] == 2
+    assert r["ok"]
+
+
+def test_direct_flow_part_with_the_stand_in_scheduler(report):
+    pytest.importorskip("torch")
+    r = report["direct_flow"]
+    assert "error" not in r, r
+    assert r["ok"] and r["device"] == "emulated" and r["pages"] == 24
+    assert r["inserted_len"] == 16 + 24 * 16 and r["locks_left"] == 0

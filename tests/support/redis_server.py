@@ -1,0 +1,20 @@
+"""A real redis-server on a free loopback port, started and stopped by the test
+(``commands.redis_server.RedisServer``); ``tests/conftest.py`` makes ``redis_url`` a fixture
+for every test."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server; "
+                    ".ci/run installs it)")
+    pytest.importorskip("redis", reason="PyPI redis client missing (pip install redis)")
+    from sglang_flatcake.commands.redis_server import RedisServer
+    with RedisServer(tmp_path / "redis") as server:
+        yield server.url
