@@ -55,13 +55,13 @@ PART_DIR = {"read": "read", "io": "io", "tiers": "tiers", "sched": "sched", "sgl
 
 # (pattern, replacement) applied to a moved file
 REWRITES = [
-    (r"^from conftest import ", "from tests.support import "),
+    (r"^(\s*)from conftest import ", r"\1from tests.support import "),
     (r"^from redis_fixture import free_port, redis_url.*$", "from tests.support import free_port"),
     (r"^from redis_fixture import redis_url.*\n", ""),      # a fixture from tests/conftest.py now
     (r"^(\s*)from redis_fixture import free_port", r"\1from tests.support import free_port"),
-    (r"^from cu_harness import ", "from tests.support.cuda_harness import "),
-    (r"^from test_io_engine import ", "from tests.support.engines import "),
-    (r"^from test_window import ", "from tests.support.window import "),
+    (r"^(\s*)from cu_harness import ", r"\1from tests.support.cuda_harness import "),
+    (r"^(\s*)from test_io_engine import ", r"\1from tests.support.engines import "),
+    (r"^(\s*)from test_window import ", r"\1from tests.support.window import "),
     (r"^from test_e2e_server import HELP_AND_BAD_FLAG, PAGE, model.*$",
      "from tests.support.servers import HELP_AND_BAD_FLAG, PAGE"),
     (r"^(\s*)sys\.path\.insert\(0, os\.path\.join\(os\.path\.dirname\(__file__\), \"\.\.\", "

@@ -256,7 +256,7 @@ def test_direct_flow_with_a_remote_tail_lands_after_the_local_run(direct, cut):
     from types import SimpleNamespace as NS
     torch, dr, make = direct
     r, st, keys, sched, alloc, tree = make(prefix=16)
-    from conftest import blocks_for
+    from tests.support import blocks_for
     data = blocks_for(st.layout, keys)
     r.backend.cluster = OwnersStandIn(data[10:], cut)
     span = NS(tenant="", keys=tuple(keys[10:]), runs=(("tcp://owner", 0, 14),))
