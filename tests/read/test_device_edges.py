@@ -235,7 +235,7 @@ def test_release_undoes_allocate_and_slot_room_counts_evictable_slots(direct):
 
 
 class OwnersStandIn:
-    """``ClusterNode.fetch``'s contract without the network (tests/test_cluster_node.py runs the
+    """``ClusterNode.fetch``'s contract without the network (tests/cluster/test_cluster_node.py runs the
     real one): delivers ``blocks`` for the span's keys in two pieces, ``cut`` blocks at most."""
 
     def __init__(self, blocks, cut=None):

@@ -226,7 +226,7 @@ def test_damaged_header_drops_that_segment_and_later_ones(tmp_path, layout, conf
     if medium == "region":
         pytest.skip("on a region the checkpoint records a checkpointed segment (keys and "
                     "checksums), so its header is not read again; segments torn past the "
-                    "checkpoint are tests/test_crash.py's, on both media")
+                    "checkpoint are tests/store/test_crash.py's, on both media")
     k1 = chain(3, "h")
     k2 = extend(k1, 3, "h2")
     k3 = extend(k2, 3, "h3")
