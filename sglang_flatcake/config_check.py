@@ -38,6 +38,8 @@ def setting(default: Any, help: str, *, allowed: str = "", ok: Callable[[Any], b
     """A config field: ``help`` (flag help and docs), ``allowed`` (docs and the refusal),
     and either ``ok`` (a predicate; False refuses with ``allowed``) or ``check`` (raises its
     own ``ConfigError``).  ``size``: a byte count that flags may write as ``4GiB``."""
+    if ok is not None and check is not None:
+        raise TypeError("setting(): give ok or check, not both")
     if ok is not None:
         check = _predicate(ok, allowed)
     meta = {"help": help, "allowed": allowed, "check": check}
@@ -75,6 +77,8 @@ def check_type(value: Any, name: str, k: str) -> None:
     elif k == "str":
         if not isinstance(value, str):
             raise refuse(name, value, f"a string, not {type(value).__name__}")
+    else:                                   # a new kind needs its parser and check here
+        raise TypeError(f"setting {name!r}: type {k!r} is not one of int, float, bool, str")
 
 
 def check_fields(obj: Any, cls: type) -> None:

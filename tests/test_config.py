@@ -186,7 +186,7 @@ def test_parts_validate_alone_and_compose():
     assert (cfg.shared_refcount, cfg.io_threads, cfg.durable) == (3, 2, False)
     assert cfg.ssd_bytes == FlatCakeConfig().ssd_bytes
     # a rule between parts is the composite's: each part alone accepts its side
-    MediaConfig(extent_bytes=6 << 10), IOConfig(alignment=4096)
+    assert MediaConfig(extent_bytes=6 << 10).extent_bytes == 6 << 10
     with pytest.raises(ConfigError, match="extent_bytes=6144.*multiple of alignment"):
         FlatCakeConfig.from_parts(MediaConfig(extent_bytes=6 << 10), IOConfig(alignment=4096))
     with pytest.raises(ConfigError, match="part="):
@@ -206,3 +206,16 @@ def test_two_parts_cannot_declare_the_same_setting():
 
     with pytest.raises(TypeError, match="'node_id' is in both cluster and secrets"):
         config_mod._names_are_disjoint({**config_mod.GROUPS, "secrets": Secrets})
+
+
+def test_the_replay_models_a_server_bigger_than_this_machine():
+    from types import SimpleNamespace
+
+    from sglang_flatcake.config_check import machine_memory_bytes
+    from sglang_flatcake.replay.flags import overrides
+    big = 4 * machine_memory_bytes()
+    assert overrides(SimpleNamespace(flatcake_memory_bytes=str(big))) == {"memory_bytes": big}
+    with pytest.raises(ConfigError, match="--flatcake-memory-bytes=1125899906842624 is not"):
+        overrides(SimpleNamespace(flatcake_memory_bytes="1PiB"))
+    with pytest.raises(ConfigError, match="this machine's memory"):
+        FlatCakeConfig.from_mapping({"memory_bytes": str(big)})

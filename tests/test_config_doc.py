@@ -9,7 +9,7 @@ from pathlib import Path
 from sglang_flatcake.config import FlatCakeConfig
 from sglang_flatcake.config_doc import REGENERATE, markdown
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 DOC = ROOT / "docs" / "configuration.md"
 
 
