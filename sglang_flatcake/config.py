@@ -134,8 +134,8 @@ class FlatCakeConfig(ClusterConfig, SchedConfig, IOConfig, MediaConfig, Placemen
         try:
             return cls(**kwargs)
         except ConfigError as e:
-            if prefix:
-                name, rest = str(e).split("=", 1)
+            name, eq, rest = str(e).partition("=")
+            if prefix and eq:                   # "name=value is not allowed: ..."
                 raise ConfigError(prefix + name.replace("_", "-") + "=" + rest) from None
             raise
 
