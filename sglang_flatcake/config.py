@@ -75,7 +75,7 @@ class FlatCakeConfig(ClusterConfig, SchedConfig, IOConfig, MediaConfig, Placemen
         have = machine_memory_bytes()
         if have is not None and self.memory_bytes > have:
             raise refuse("memory_bytes", self.memory_bytes,
-                         f"at most this machine's memory ({format_bytes(have)} = {have}): "
+                         f"at most this machine's memory ({have / (1 << 30):.1f}GiB): "
                          "the arena is allocated at start")
 
     @functools.cached_property
