@@ -35,7 +35,11 @@ def key_digests(keys: Sequence[str]) -> np.ndarray:
 
     Row i equals ``np.frombuffer(key_digest(keys[i]), '<u8')``.  All-hex batches
     take one ``join`` + ``fromhex``; anything else falls back to per-key work.
+    One ``str`` (or ``bytes``) instead of a list raises ``TypeError`` naming it.
     """
+    if isinstance(keys, (str, bytes)):      # else each character would be taken as a key
+        raise TypeError(f"keys={keys[:80]!r} is not allowed: expected a list of keys, "
+                        f"not one {type(keys).__name__}")
     rows = _digest_rows(keys)
     return rows if rows.shape[1] == 2 else np.ascontiguousarray(rows[:, :2])
 

@@ -1,6 +1,7 @@
 """FC-GVA: decide a block's home once, when it is written.
 
-``place`` is a pure function of the write-time signals and the config.  Rules
+``place`` is a pure function of the write-time signals and the placement settings
+(``PlacementConfig``: ``cfg.placement``, or the whole ``FlatCakeConfig``, which is one).  Rules
 are checked in the order of ``Rule`` (the first that fires wins); the decision
 records which rule fired so that metrics can count them.
 """
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .address import Medium
-from .config import FlatCakeConfig
+from .config_groups import PlacementConfig
 
 
 class Rule(str, Enum):
@@ -44,7 +45,7 @@ class Placement:
     rule: Rule
 
 
-def place(signals: WriteSignals, memory_free: bool, config: FlatCakeConfig) -> Placement:
+def place(signals: WriteSignals, memory_free: bool, config: PlacementConfig) -> Placement:
     """Return where a block written with ``signals`` lives.
 
     ``memory_free`` is whether the host arena can take this write now.  Memory

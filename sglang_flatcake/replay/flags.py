@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from ..config import FlatCakeConfig
+from ..config import FlatCakeConfig, ModelledServerConfig
 from ..errors import ConfigError
 
 REFUSED = {"store_dir": "each replay writes a fresh store; use --dir",
@@ -46,7 +46,7 @@ def overrides(args) -> dict[str, Any]:
     for k in given:
         if k in REFUSED:
             raise ConfigError(f"{flag(k)}={given[k]!r} is not allowed in a replay: {REFUSED[k]}")
-    cfg = FlatCakeConfig.from_mapping(given, prefix="--flatcake-")
+    cfg = ModelledServerConfig.from_mapping(given, prefix="--flatcake-")   # full-size sizes
     return {k: getattr(cfg, k) for k in given}
 
 

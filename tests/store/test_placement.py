@@ -45,3 +45,21 @@ def test_thresholds_are_flags():
     assert place(WriteSignals(turn=1, prev_reply_tokens=50), True, cfg).rule == Rule.LONG_REPLY
     cfg = FlatCakeConfig(short_reply_tokens=100)
     assert place(WriteSignals(turn=1, prev_reply_tokens=50), True, cfg).rule == Rule.SHORT_CHAT
+
+
+def test_place_takes_the_placement_part_alone_and_decides_the_same():
+    from itertools import product
+
+    from sglang_flatcake.config import PlacementConfig
+    whole = FlatCakeConfig(short_reply_tokens=100, agent_context_tokens=1000, shared_refcount=3,
+                           memory_bytes=0, io_threads=1)     # settings placement never reads
+    part = PlacementConfig(short_reply_tokens=100, agent_context_tokens=1000, shared_refcount=3)
+    assert whole.placement == part
+    rules = set()
+    for free, ref, turn, ctx, reply in product((True, False), (1, 3), (0, 1), (1000, 1001),
+                                               (100, 101)):
+        s = WriteSignals(refcount=ref, turn=turn, context_tokens=ctx, prev_reply_tokens=reply)
+        d = place(s, free, part)
+        assert d == place(s, free, whole) == place(s, free, whole.placement)
+        rules.add(d.rule)
+    assert rules == set(Rule)                                   # every rule was reached
