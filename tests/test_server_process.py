@@ -18,7 +18,7 @@ def test_start_retries_on_a_new_port(tmp_path, monkeypatch):
     s = srv.ServerProcess(["--model-path", "m"], log_path=str(tmp_path / "s.log"))
     first, seen = s.port, []
 
-    def once(timeout):
+    def once(timeout, *rest):
         seen.append((s.port, list(s.args)))
         if len(seen) == 1:
             raise srv.PortTaken(s.port)
@@ -33,6 +33,6 @@ def test_start_retries_on_a_new_port(tmp_path, monkeypatch):
 
 def test_a_fixed_port_taken_is_an_error_naming_it(tmp_path, monkeypatch):
     s = srv.ServerProcess(["--model-path", "m"], port=40003, log_path=str(tmp_path / "s.log"))
-    monkeypatch.setattr(s, "_start_once", lambda timeout: (_ for _ in ()).throw(srv.PortTaken(40003)))
+    monkeypatch.setattr(s, "_start_once", lambda timeout, *rest: (_ for _ in ()).throw(srv.PortTaken(40003)))
     with pytest.raises(RuntimeError, match="port 40003 already in use"):
         s.start()
