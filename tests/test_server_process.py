@@ -36,3 +36,61 @@ def test_a_fixed_port_taken_is_an_error_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(s, "_start_once", lambda timeout, *rest: (_ for _ in ()).throw(srv.PortTaken(40003)))
     with pytest.raises(RuntimeError, match="port 40003 already in use"):
         s.start()
+
+
+def test_startup_stage_names_what_the_start_waits_for():
+    assert srv.startup_stage("") == "Python to import SGLang"
+    log = "[2026] server_args=ServerArgs(model_path='m')\n[2026 TP0] Load weight begin. avail mem=1\n"
+    assert srv.startup_stage(log) == "loading the model weights"
+    log += "[2026 TP0] Load weight end. type=LlamaForCausalLM\n[2026 TP0] KV Cache is allocated.\n"
+    assert srv.startup_stage(log) == "setting up the cache pools and the storage backend"
+    log += "[2026] INFO:     Uvicorn running on http://127.0.0.1:1 (Press CTRL+C to quit)\n"
+    assert srv.startup_stage(log) == "the first request (warm-up)"
+    log += "[2026] The server is fired up and ready to roll!\n"
+    assert srv.startup_stage(log) == "/health_generate to answer"
+
+
+def test_start_reports_progress_from_the_log_until_healthy(tmp_path, monkeypatch):
+    """The health wait tells ``progress`` the seconds and the stage read from the log."""
+    log = tmp_path / "s.log"
+    s = srv.ServerProcess(["--model-path", "m"], log_path=str(log))
+
+    class Alive:
+        pid, returncode = 0, None
+
+        def poll(self):
+            return None
+    lines = iter(["server_args=ServerArgs()\n", "Load weight begin\n", "Load weight end\n"])
+    monkeypatch.setattr(srv.subprocess, "Popen", lambda *a, **k: Alive())
+
+    def answer(url, timeout):
+        with open(log, "a") as f:
+            f.write(next(lines, ""))
+        if "Load weight end" not in log.read_text():
+            raise ConnectionRefusedError()
+        return _Ok()
+    monkeypatch.setattr(srv.urllib.request, "urlopen", answer)
+    monkeypatch.setattr(srv, "wait_until", _fast_wait_until)
+    seen = []
+    assert s.start(progress=lambda t, stage: seen.append((t, stage))) is s
+    stages = [stage for _, stage in seen]
+    assert stages[0] == "Python to import SGLang" and "loading the model weights" in stages
+    assert all(t >= 0 for t, _ in seen) and [t for t, _ in seen] == sorted(t for t, _ in seen)
+
+
+class _Ok:
+    status = 200
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _fast_wait_until(cond, timeout, what, every=0.25):
+    for _ in range(50):
+        got = cond()
+        if got:
+            return got
+    raise TimeoutError(what)

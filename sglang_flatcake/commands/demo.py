@@ -132,6 +132,7 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
             outcomes += res.outcomes
             passes.append(res.summary)
             wall += res.wall_s
+        shown.done(f"[demo] {backend}: reading the server's counters once the backups settle")
         row = {"backend": backend, "passes": args.passes, **summarize(outcomes, wall)}
         row["backup_tokens"] = backup_tokens(server) if backend != "none" else 0
         row["per_pass"] = passes
@@ -144,6 +145,7 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
             server = None
         return row
     finally:
+        shown.close()
         try:
             if server is not None:
                 server.stop()

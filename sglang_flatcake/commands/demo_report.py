@@ -11,7 +11,8 @@ from pathlib import Path
 class Progress:
     """One status line a person watching sees move.  On a terminal it is redrawn in place
     (at most every ``tty_every_s``); otherwise (a log, a pipe) a plain line is written at
-    most every ``every_s``.  ``done(text)`` always writes ``text`` as a finished line."""
+    most every ``every_s``.  ``done(text)`` always writes ``text`` as a finished line;
+``close()`` ends a line left open (before an error message, say)."""
 
     def __init__(self, stream=None, every_s: float = 10.0, tty_every_s: float = 0.5,
                  tty: bool | None = None, clock=time.monotonic) -> None:
@@ -32,6 +33,13 @@ class Progress:
     def done(self, text: str) -> None:
         self._write(text, end=True)
         self.last = None
+
+    def close(self) -> None:
+        """End a terminal line still being redrawn, so what is printed next starts afresh."""
+        if self.open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = False
 
     def _write(self, text: str, end: bool) -> None:
         if self.tty:
