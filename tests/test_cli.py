@@ -117,3 +117,15 @@ def test_inspect_on_a_folder_with_no_store_says_where_stores_would_be(tmp_path):
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith(f"flatcake: error: {tmp_path / 'empty'}: no flatcake store here")
     assert "ROOT/<model>/<rank>/flatcake.json" in line
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly(tmp_path, layout, config):
+    """``flatcake inspect DIR | head``: the reader left; no traceback, exit 141 as a shell's."""
+    make_store(tmp_path / "s", layout, config)
+    code = ("import os, sys\n"
+            "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+            "from sglang_flatcake.commands.cli import main\n"
+            f"sys.exit(main(['inspect', {str(tmp_path / 's')!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 141, r.stderr
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr

@@ -40,10 +40,12 @@ def test_a_fixed_port_taken_is_an_error_naming_it(tmp_path, monkeypatch):
 
 def test_startup_stage_names_what_the_start_waits_for():
     assert srv.startup_stage("") == "Python to import SGLang"
-    log = "[2026] server_args=ServerArgs(model_path='m')\n[2026 TP0] Load weight begin. avail mem=1\n"
-    assert srv.startup_stage(log) == "loading the model weights"
-    log += "[2026 TP0] Load weight end. type=LlamaForCausalLM\n[2026 TP0] KV Cache is allocated.\n"
-    assert srv.startup_stage(log) == "setting up the cache pools and the storage backend"
+    log = "[2026] server_args={'model_path': 'm'}\n"
+    assert srv.startup_stage(log).startswith("the scheduler process to start")
+    log += "[2026] Init parallel begin.\n[2026] Load weight begin. avail mem=13.56 GB\n"
+    assert srv.startup_stage(log) == "the model weights to load"
+    log += "[2026] Load weight end. elapsed=0.39 s\n[2026] KV Cache is allocated. #tokens: 16384\n"
+    assert srv.startup_stage(log) == "the host pool and the storage backend"
     log += "[2026] INFO:     Uvicorn running on http://127.0.0.1:1 (Press CTRL+C to quit)\n"
     assert srv.startup_stage(log) == "the first request (warm-up)"
     log += "[2026] The server is fired up and ready to roll!\n"
@@ -74,7 +76,7 @@ def test_start_reports_progress_from_the_log_until_healthy(tmp_path, monkeypatch
     seen = []
     assert s.start(progress=lambda t, stage: seen.append((t, stage))) is s
     stages = [stage for _, stage in seen]
-    assert stages[0] == "Python to import SGLang" and "loading the model weights" in stages
+    assert stages[0] == "Python to import SGLang" and "the model weights to load" in stages
     assert all(t >= 0 for t, _ in seen) and [t for t, _ in seen] == sorted(t for t, _ in seen)
 
 

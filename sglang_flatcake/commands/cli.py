@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from ..errors import FlatCakeError
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit code.  Ctrl-C ends any command with one line and 130."""
+    """Run one command; its exit code.  Ctrl-C ends any command with one line and 130; a
+    reader that stops early (``flatcake inspect DIR | head``) ends it quietly with 141."""
     cmd = "flatcake"
     try:
         args = _parse(argv)
         cmd = f"flatcake {args.cmd}"
-        return _dispatch(args)
+        rc = _dispatch(args)
+        sys.stdout.flush()                # a closed pipe shows here, not at interpreter exit
+        return rc
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())   # so the flush at exit writes nowhere
+        return 141
     except KeyboardInterrupt:
         # every server and helper process a command starts is stopped in a ``finally``
         # on the way up here, so by now none is left running

@@ -105,9 +105,8 @@ def print_flatcake_counters(row: dict) -> None:
           f"{m.get('flatcake_direct_bytes_from_memory', 0) / 2**20:.1f} MiB from the arena; "
           f"reads through SGLang's host pool: {int(m.get('flatcake_host_pool_gets', 0))}")
     store = Path(row.get("store", ""))
-    manifest = next(store.rglob("flatcake.json"), None) if store.is_dir() else None
-    if manifest is not None:
-        print(f"store: {store}  (look inside: flatcake inspect {manifest.parent})")
+    if store.is_dir() and next(store.rglob("flatcake.json"), None) is not None:
+        print(f"store: {store}  (look inside: flatcake inspect {store})")
     print(f"server log: {row.get('server_log')}")
 
 

@@ -56,12 +56,12 @@ BIND_FAILED = "error while attempting to bind on address"
 
 # What SGLang logs as it starts, in order, and what the start waits for once it has.
 STAGES = (
-    ("server_args=", "setting up the scheduler process"),
-    ("Load weight begin", "loading the model weights"),
-    ("Load weight end", "allocating the KV cache"),
-    ("KV Cache is allocated", "setting up the cache pools and the storage backend"),
-    ("max_total_num_tokens=", "starting the HTTP server"),
-    ("Application startup complete", "the first request (warm-up)"),
+    ("server_args=", "the scheduler process to start (it imports SGLang again)"),
+    ("Init parallel begin", "the model code to import"),
+    ("Load weight begin", "the model weights to load"),
+    ("Load weight end", "the KV cache to be allocated"),
+    ("KV Cache is allocated", "the host pool and the storage backend"),
+    ("Tree cache initialized", "the HTTP server to start"),
     ("Uvicorn running on", "the first request (warm-up)"),
     ("The server is fired up", "/health_generate to answer"),
 )
