@@ -19,9 +19,9 @@ from sglang_flatcake.commands import cli, demo
 from sglang_flatcake.commands.demo_report import Progress, closing_sentence
 
 
-def flatcake(*args: str, **kw) -> subprocess.CompletedProcess:
+def flatcake(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sglang_flatcake", *args],
-                          capture_output=True, text=True, timeout=300, **kw)
+                          capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def test_help_says_the_demo_uses_its_own_client_not_bench_serving():
@@ -160,3 +160,22 @@ def test_progress_close_ends_an_open_terminal_line_only():
     p.close()
     p.close()
     assert term.getvalue() == "\rstarting\x1b[K\n"
+
+
+@pytest.mark.e2e
+def test_the_demo_shows_progress_and_ends_saying_what_it_measured(tmp_path):
+    """The real demo at a small scale, as a log sees it: the start's stages, requests answered
+    of sent, no tokenizer progress bars, and a closing sentence naming the JSON."""
+    pytest.importorskip("sglang.srt.server_args")
+    out = tmp_path / "demo.json"
+    r = flatcake("demo", "--num-requests", "2", "--passes", "2", "--json", str(out),
+                 "--store-dir", str(tmp_path / "store"), timeout=1500,
+                 env={**os.environ, "FLATCAKE_DEMO_CACHE": str(tmp_path / "models")})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "server starting" in r.stderr and "waiting for" in r.stderr
+    assert "pass 2/2: 2 of 2 requests served" in r.stderr
+    assert "Compute merges" not in r.stderr and "Traceback" not in r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("flatcake demo: OK. A real SGLang server with the flatcake backend "
+                           "served all 4 requests (2 x 2 passes)"), last
+    assert f"Rows (JSON): {out}." in last and out.is_file()

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="flatcake", description=__doc__)
+    p = argparse.ArgumentParser(prog="flatcake", description="FlatCake, a flat KV-cache store "
+                                "for SGLang: its demo, replay, tuning, benchmark and tools.")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 

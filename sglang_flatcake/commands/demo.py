@@ -46,7 +46,8 @@ def add_arguments(p) -> None:
     p.add_argument("--slowdown", type=float, default=0.05,
                    help="scale the trace's timestamps by this (default 0.05)")
     p.add_argument("--passes", type=int, default=2,
-                   help="replays of the slice; device and host caches are flushed between them")
+                   help="replays of the slice; device and host caches are flushed between them "
+                        "(default 2)")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     p.add_argument("--max-total-tokens", type=int, default=16384,
                    help="device KV tokens of the CPU server (default 16384)")
