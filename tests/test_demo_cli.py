@@ -179,3 +179,12 @@ def test_the_demo_shows_progress_and_ends_saying_what_it_measured(tmp_path):
     assert last.startswith("flatcake demo: OK. A real SGLang server with the flatcake backend "
                            "served all 4 requests (2 x 2 passes)"), last
     assert f"Rows (JSON): {out}." in last and out.is_file()
+
+
+def test_a_model_cache_that_cannot_be_used_is_one_line(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FLATCAKE_DEMO_CACHE", str(blocker))
+    with pytest.raises(demo.DemoFailure, match=f"the model cache {blocker} cannot be used: .*"
+                       "regular file, not a directory.*FLATCAKE_DEMO_CACHE"):
+        demo.tiny_model(4096)

@@ -220,10 +220,15 @@ def _run(args) -> int:
 
 def tiny_model(max_positions: int) -> Path:
     """The cached tiny Llama with this context (built, and said so, only the first time)."""
-    from .tiny_model import cached_tiny_llama
-    path, built = cached_tiny_llama(max_positions=max_positions, announce=lambda p: print(
-        f"[demo] building a tiny random Llama (no download, context {max_positions}) into "
-        f"{p}; later runs reuse it", file=sys.stderr))
+    from ..errors import UnsafeStoreError
+    from .tiny_model import cache_dir, cached_tiny_llama
+    try:
+        path, built = cached_tiny_llama(max_positions=max_positions, announce=lambda p: print(
+            f"[demo] building a tiny random Llama (no download, context {max_positions}) into "
+            f"{p}; later runs reuse it", file=sys.stderr))
+    except (OSError, UnsafeStoreError) as e:
+        raise DemoFailure(f"the model cache {cache_dir()} cannot be used: {e} (set "
+                          f"FLATCAKE_DEMO_CACHE to a private folder)") from None
     if not built:
         print(f"[demo] tiny random Llama (context {max_positions}): {path}", file=sys.stderr)
     return path
