@@ -4,7 +4,8 @@ KV blocks are users' prompts in another form, so nothing of a store is readable 
 by another local user, whatever the umask:
 
 - ``private_dir(path)`` makes (0700) or checks a store directory and returns the path to
-  use.  It refuses (``UnsafeStoreError``, naming the path) a directory not owned by the
+  use.  A path that is something else (a file, a device) raises ``NotADirectoryError``
+  saying what it is.  It refuses (``UnsafeStoreError``, naming the path) a directory not owned by the
   running user, one that is group- or world-writable, one under an ancestor that group
   or others can write (unless that ancestor is sticky, like ``/tmp``), and a symlink owned
   by someone else.  A symlink the user owns is resolved once and logged; the store then
@@ -18,6 +19,7 @@ by another local user, whatever the umask:
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -61,6 +63,14 @@ def _refuse(path: Path, why: str) -> UnsafeStoreError:
                             "only you can write, e.g. under ~/.cache")
 
 
+def _not_a_dir(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "it is a regular file, not a directory"
+    if stat.S_ISBLK(mode):
+        return "it is a block device, not a directory (a region goes in --flatcake-ssd-path)"
+    return "it is not a directory"
+
+
 def _check_ancestors(path: Path) -> None:
     """No ancestor lets another user rename the store away (writable and not sticky)."""
     for a in path.parents:
@@ -92,7 +102,7 @@ def private_dir(path: str | os.PathLike) -> Path:
         log.warning("flatcake: store directory %s is a symlink; using its target %s", p, real)
         p, st = real, os.lstat(real)
     if not stat.S_ISDIR(st.st_mode):
-        raise _refuse(p, "is not a directory")
+        raise NotADirectoryError(errno.ENOTDIR, _not_a_dir(st.st_mode), str(p))
     if st.st_uid != uid:
         raise _refuse(p, f"is owned by uid {st.st_uid}, not the running user (uid {uid})")
     if st.st_mode & 0o022:

@@ -251,16 +251,18 @@ def run(args) -> dict:
 def add_session_arguments(p, size_gib: float) -> None:
     """The session and repeat flags both restore benchmarks share."""
     p.add_argument("--size-gib", type=float, default=size_gib,
-                   help=f"session size (default {size_gib:g})")
-    p.add_argument("--layers", type=int, default=28)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--page-tokens", type=int, default=64)
-    p.add_argument("--turns", type=int, default=10)
+                   help=f"session size in GiB (default {size_gib:g})")
+    p.add_argument("--layers", type=int, default=28, help="KV layers of the model (default 28)")
+    p.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
+    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
+    p.add_argument("--dtype", default="bfloat16", help="KV dtype (default bfloat16)")
+    p.add_argument("--page-tokens", type=int, default=64, help="tokens per page (default 64)")
+    p.add_argument("--turns", type=int, default=10,
+                   help="turns the session is written in, one segment each (default 10)")
     p.add_argument("--repeat", type=int, default=3,
                    help="alternating runs with the raw limit; medians are reported (default 3)")
-    p.add_argument("--io-threads", type=int, default=4)
+    p.add_argument("--io-threads", type=int, default=4,
+                   help="reads in flight, for flatcake and the raw limit alike (default 4)")
 
 
 def add_arguments(p) -> None:
@@ -274,7 +276,7 @@ def add_arguments(p) -> None:
                    help="use --ssd-path even if it holds a filesystem or other data")
     p.add_argument("--dir", help="where to write (a real disk; default: a temporary folder here)")
     p.add_argument("--dir-reuse", action="store_true", help=argparse_suppress())
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the session's keys (default 0)")
     p.add_argument("--keep", action="store_true", help="keep the files written")
     p.add_argument("--no-sglang", action="store_true", help="skip SGLang's HiCacheFile comparison")
     p.add_argument("--json", help="also write the JSON result here")

@@ -4,13 +4,38 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from ..errors import FlatCakeError
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="flatcake", description=__doc__)
+    """Run one command; its exit code.  Ctrl-C ends any command with one line and 130; a
+    reader that stops early (``flatcake inspect DIR | head``) ends it quietly with 141."""
+    cmd = "flatcake"
+    try:
+        args = _parse(argv)
+        cmd = f"flatcake {args.cmd}"
+        rc = _dispatch(args)
+        sys.stdout.flush()                # a closed pipe shows here, not at interpreter exit
+        return rc
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())   # so the flush at exit writes nowhere
+        return 141
+    except KeyboardInterrupt:
+        # every server and helper process a command starts is stopped in a ``finally``
+        # on the way up here, so by now none is left running
+        print(f"{cmd}: interrupted"
+              + ("; the servers it started are stopped" if cmd == "flatcake demo" else ""),
+              file=sys.stderr)
+        return 130
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="flatcake", description="FlatCake, a flat KV-cache store "
+                                "for SGLang: its demo, replay, tuning, benchmark and tools.")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -18,18 +43,22 @@ def main(argv: list[str] | None = None) -> int:
     from ..replay import run as replay_run
     from ..replay import tune
 
-    d = sub.add_parser("demo", help="a real SGLang server with flatcake replaying a bundled agent "
-                                    "trace through bench_serving (CPU, no download)")
+    d = sub.add_parser("demo", help="a real SGLang server with flatcake, replaying a bundled agent "
+                                    "trace slice with its own client (CPU, no download)")
     demo.add_arguments(d)
-    r = sub.add_parser("replay", help="FlatCake against tiered caches on a real trace, side by side")
+    r = sub.add_parser("replay", help="FlatCake against tiered caches on a real trace, side by "
+                                      "side (real stores, a simulated serving clock)")
     replay_run.add_arguments(r)
     t = sub.add_parser("tune", help="the write-time thresholds (--flatcake-* flags) from your own "
                                     "trace, chosen on part of it and checked on the rest")
     tune.add_arguments(t)
-    b = sub.add_parser("bench-restore", help="cold restore of one long session vs the raw disk limit")
+    b = sub.add_parser("bench-restore", help="cold restore of one long session vs the raw disk "
+                                             "limit and SGLang's HiCacheFile")
     bench_restore.add_arguments(b)
-    i = sub.add_parser("inspect", help="sessions, segments, bytes per medium, watermark state")
-    i.add_argument("dir", help="a store directory, or a region (block device or pre-sized file)")
+    i = sub.add_parser("inspect", help="what a store holds (sessions, segments, bytes on SSD, "
+                                       "watermark state); --verify its checksums")
+    i.add_argument("dir", help="a store directory, a --flatcake-store-dir root (every store "
+                               "under it), or a region (block device or pre-sized file)")
     i.add_argument("--verify", action="store_true",
                    help="re-check every checksum; exit 1 on damage")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -46,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         args.server_args = list(args.server_args) + server_flags
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    return args
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from . import bench_restore, demo
+    from ..replay import run as replay_run
+    from ..replay import tune
     try:
         if args.cmd == "demo":
             return demo.run(args)

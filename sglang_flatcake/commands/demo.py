@@ -1,16 +1,19 @@
 """``flatcake demo``: a real SGLang server with FlatCake, replaying a bundled agent trace slice.
 
-On a CPU machine (the default) it builds a tiny random Llama (no download) with
-a context long enough for the slice's longest request, starts
+On a CPU machine (the default) it takes a tiny random Llama (no download; built once
+and cached, ``tiny_model.cached_tiny_llama``) with a context long enough for the
+slice's longest request, starts
 ``sglang.launch_server --device cpu ... --hicache-storage-backend flatcake`` on a
 temporary store with host memory smaller than the working set, replays
 ``data/agent_slice_mooncake.jsonl`` ``--passes`` times (the device and host
 caches are flushed between passes, once the backups to storage have landed, since
 SGLang's flush drops queued backups; later passes lean on storage) with
 ``replay_client``, and prints what the responses say: requests served, output
-tokens, device / host / storage tokens, TTFT; then flatcake's counters and where
-the store lives.  Any rejected or failed request, or a server that does not
-start, fails the demo with the server's own one-line reason.
+tokens, device / host / storage tokens, TTFT; then flatcake's counters, where
+the store lives, and one closing sentence that says it succeeded and what it
+measured.  While it waits it shows progress on stderr (the server's start stage
+and seconds, requests answered of sent).  Any rejected or failed request, or a
+server that does not start, fails the demo with the server's own one-line reason.
 
 ``--compare`` replays the same slice with the same server flags and host-pool
 size on ``none``, ``file``, ``mooncake`` (a real Mooncake Store; skipped with a
@@ -27,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .demo_report import print_flatcake_counters, print_table, plot
+from .demo_report import Progress, closing_sentence, print_flatcake_counters, print_table, plot
 from .server_calls import DemoFailure, backup_tokens, flush, prometheus  # noqa: F401
 
 ROW_KEYS = ("requests_sent", "requests_served", "output_tokens", "device_tokens", "host_tokens",
@@ -36,14 +39,16 @@ ROW_KEYS = ("requests_sent", "requests_served", "output_tokens", "device_tokens"
 
 def add_arguments(p) -> None:
     p.add_argument("--model-path", help="a real model (GPU server); default: a tiny CPU model")
-    p.add_argument("--store-dir", help="store directory (default: a new temporary one)")
+    p.add_argument("--store-dir", help="the server's --flatcake-store-dir (with --compare: one "
+                   "folder per backend under it); default: a new temporary one")
     p.add_argument("--trace", help="Mooncake-format JSON lines (default: the bundled agent slice)")
     p.add_argument("--num-requests", type=int, help="replay only the first N requests")
     p.add_argument("--slowdown", type=float, default=0.05,
                    help="scale the trace's timestamps by this (default 0.05)")
     p.add_argument("--passes", type=int, default=2,
-                   help="replays of the slice; device and host caches are flushed between them")
-    p.add_argument("--page-size", type=int, default=16)
+                   help="replays of the slice; device and host caches are flushed between them "
+                        "(default 2)")
+    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     p.add_argument("--max-total-tokens", type=int, default=16384,
                    help="device KV tokens of the CPU server (default 16384)")
     p.add_argument("--hicache-ratio", type=float, default=1.25,
@@ -56,7 +61,8 @@ def add_arguments(p) -> None:
     p.add_argument("--nodes", type=int, default=1, help="2: a session handed from node to node "
                    "through the cluster, then its owner killed (commands/demo_cluster.py)")
     p.add_argument("--keep-server", action="store_true", help="leave the server running (not with --compare)")
-    p.add_argument("server_args", nargs="*", help="extra sglang.launch_server flags (after --)")
+    p.add_argument("server_args", nargs="*", help="extra sglang.launch_server flags (after --); "
+                   "--flatcake-* flags may also be given directly")
 
 
 def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=None) -> list[str]:
@@ -94,23 +100,32 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
     log = work / f"server-{backend}.log"
     server = ServerProcess(server_args_for(args, backend, model, store,
                                            master.port if master else None), log_path=str(log))
-    print(f"[demo] {backend}: starting sglang.launch_server (log: {log}) ...", file=sys.stderr)
+    print(f"[demo] {backend}: starting sglang.launch_server (log: {log})", file=sys.stderr)
+    shown = Progress()
     try:
         t0 = time.time()
         try:
-            server.start()
+            server.start(progress=lambda s, stage: shown.update(
+                f"[demo] {backend}: server starting, {s:.0f}s; waiting for {stage}"))
         except (RuntimeError, TimeoutError):
             raise DemoFailure(f"the {backend} server did not start: {server.failure_line()} "
                               f"(log: {log})") from None
-        print(f"[demo] {backend}: ready in {time.time() - t0:.0f}s; replaying {len(requests)} "
-              f"requests x {args.passes} passes ...", file=sys.stderr)
+        shown.done(f"[demo] {backend}: server ready in {time.time() - t0:.0f}s; replaying "
+                   f"{len(requests)} requests x {args.passes} passes")
         outcomes, passes, wall = [], [], 0.0
         for i in range(args.passes):
             if i:
                 if backend != "none":
+                    shown.done(f"[demo] {backend}: waiting for the backups to storage to land, "
+                               f"then flushing the device and host caches")
                     backup_tokens(server)      # a flush drops backups still queued: let them land
                 flush(server)
-            res = replay(server.url, requests)
+            tag = f"[demo] {backend} pass {i + 1}/{args.passes}"
+            res = replay(server.url, requests, progress=lambda p: shown.update(
+                f"{tag}: {p.answered} of {p.total} requests answered ({p.served} served, "
+                f"{p.sent} sent), {p.elapsed_s:.0f}s"))
+            shown.done(f"{tag}: {len(res.outcomes) - len(res.failures)} of {len(requests)} "
+                       f"requests served in {res.wall_s:.1f}s")
             bad = res.first_failure()
             if bad:
                 raise DemoFailure(f"{backend}: {len(res.failures)} of {len(requests)} requests "
@@ -118,6 +133,7 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
             outcomes += res.outcomes
             passes.append(res.summary)
             wall += res.wall_s
+        shown.done(f"[demo] {backend}: reading the server's counters once the backups settle")
         row = {"backend": backend, "passes": args.passes, **summarize(outcomes, wall)}
         row["backup_tokens"] = backup_tokens(server) if backend != "none" else 0
         row["per_pass"] = passes
@@ -130,10 +146,13 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
             server = None
         return row
     finally:
-        if server is not None:
-            server.stop()
-        if master is not None:
-            master.stop()
+        shown.close()
+        try:
+            if server is not None:
+                server.stop()
+        finally:
+            if master is not None:
+                master.stop()
 
 
 def run(args) -> int:
@@ -162,11 +181,7 @@ def _run(args) -> int:
         if need + 6 > args.max_total_tokens:       # SGLang keeps 5 tokens of the pool back
             raise DemoFailure(f"the longest request of {trace.name} needs {need} tokens but "
                               f"--max-total-tokens is {args.max_total_tokens}; raise it")
-        from .tiny_model import build_tiny_llama
-        ctx = max(16384, 1 << (need + 6 - 1).bit_length())
-        print(f"[demo] building a tiny random Llama (no download, context {ctx}) ...",
-              file=sys.stderr)
-        model = str(build_tiny_llama(work / "tiny-llama", max_positions=ctx))
+        model = str(tiny_model(max(16384, 1 << (need + 6 - 1).bit_length())))
     backends = ["flatcake"]
     if args.compare and args.keep_server:
         raise DemoFailure("--keep-server keeps the one flatcake server; it cannot go with --compare")
@@ -183,17 +198,37 @@ def _run(args) -> int:
                 print(f"[demo] skipping mooncake: {why}", file=sys.stderr)
                 continue
         rows.append(run_backend(args, backend, model, requests, work))
+    if not rows:
+        raise DemoFailure(f"no backend left to run of {','.join(backends)}")
     print_table(rows)
     if not args.compare:
         print_flatcake_counters(rows[0])
     doc = {"trace": str(trace), "model": model, "requests": len(requests), "passes": args.passes,
            "max_total_tokens": args.max_total_tokens, "hicache_ratio": args.hicache_ratio,
            "rows": rows}
+    where = []
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1))
-        print(f"rows written to {args.json}")
+        where.append(f"Rows (JSON): {args.json}.")
     if args.plot:
         plot(rows, args.plot)
-        print(f"plot written to {args.plot}")
-    print(f"work folder (logs, stores): {work}")
+        where.append(f"Plot: {args.plot}.")
+    where.append(f"Logs and stores: {work}")
+    print(closing_sentence(rows, args.passes, len(requests), where))
     return 0
+
+
+def tiny_model(max_positions: int) -> Path:
+    """The cached tiny Llama with this context (built, and said so, only the first time)."""
+    from ..errors import UnsafeStoreError
+    from .tiny_model import cache_dir, cached_tiny_llama
+    try:
+        path, built = cached_tiny_llama(max_positions=max_positions, announce=lambda p: print(
+            f"[demo] building a tiny random Llama (no download, context {max_positions}) into "
+            f"{p}; later runs reuse it", file=sys.stderr))
+    except (OSError, UnsafeStoreError) as e:
+        raise DemoFailure(f"the model cache {cache_dir()} cannot be used: {e} (set "
+                          f"FLATCAKE_DEMO_CACHE to a private folder)") from None
+    if not built:
+        print(f"[demo] tiny random Llama (context {max_positions}): {path}", file=sys.stderr)
+    return path

@@ -1,8 +1,75 @@
-"""What ``flatcake demo`` prints and draws: one table row per backend, a plot, flatcake's counters."""
+"""What ``flatcake demo`` prints and draws: progress while it waits, one table row per
+backend, flatcake's counters, a plot, and a closing sentence saying what it measured."""
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
+
+
+class Progress:
+    """One status line a person watching sees move.  On a terminal it is redrawn in place
+    (at most every ``tty_every_s``); otherwise (a log, a pipe) a plain line is written at
+    most every ``every_s``.  ``done(text)`` always writes ``text`` as a finished line;
+``close()`` ends a line left open (before an error message, say)."""
+
+    def __init__(self, stream=None, every_s: float = 10.0, tty_every_s: float = 0.5,
+                 tty: bool | None = None, clock=time.monotonic) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.every_s = tty_every_s if self.tty else every_s
+        self.clock = clock
+        self.last: float | None = None
+        self.open = False              # a terminal line drawn and not yet ended
+
+    def update(self, text: str) -> None:
+        now = self.clock()
+        if self.last is not None and now - self.last < self.every_s:
+            return
+        self.last = now
+        self._write(text, end=not self.tty)
+
+    def done(self, text: str) -> None:
+        self._write(text, end=True)
+        self.last = None
+
+    def close(self) -> None:
+        """End a terminal line still being redrawn, so what is printed next starts afresh."""
+        if self.open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = False
+
+    def _write(self, text: str, end: bool) -> None:
+        if self.tty:
+            self.stream.write("\r" + text + "\x1b[K" + ("\n" if end else ""))
+            self.open = not end
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def closing_sentence(rows: list[dict], passes: int, requests: int, extra: list[str]) -> str:
+    """The demo's last words: that it succeeded, what it measured, where the rest went."""
+    if len(rows) == 1:
+        r = rows[0]
+        prompt = r.get("prompt_tokens") or 0
+        share = f" ({r['storage_tokens'] / prompt:.0%} of all prompt tokens)" if prompt else ""
+        ttft = r.get("ttft_s_mean")
+        text = (f"flatcake demo: OK. A real SGLang server with the {r['backend']} backend served "
+                f"all {r['requests_served']} requests ({requests} x {passes} passes) with every "
+                f"output token; {r['storage_tokens']} prompt tokens came back from the storage "
+                f"tier{share}, {r['backup_tokens']} were written to it"
+                + (f"; mean time to first token {ttft:.3f} s." if ttft is not None else "."))
+    else:
+        per = ", ".join(f"{r['backend']} {r['storage_tokens']}" for r in rows)
+        ttft = ", ".join(f"{r['backend']} {r['ttft_s_mean']:.3f} s" for r in rows
+                         if r.get("ttft_s_mean") is not None)
+        text = (f"flatcake demo: OK. Each of {len(rows)} backends served all {requests} x "
+                f"{passes} requests with every output token; prompt tokens from the storage "
+                f"tier: {per}; mean time to first token: {ttft}.")
+    return " ".join([text, *extra])
 
 
 def print_table(rows: list[dict]) -> None:
@@ -38,9 +105,8 @@ def print_flatcake_counters(row: dict) -> None:
           f"{m.get('flatcake_direct_bytes_from_memory', 0) / 2**20:.1f} MiB from the arena; "
           f"reads through SGLang's host pool: {int(m.get('flatcake_host_pool_gets', 0))}")
     store = Path(row.get("store", ""))
-    manifest = next(store.rglob("flatcake.json"), None) if store.is_dir() else None
-    if manifest is not None:
-        print(f"store: {store}  (look inside: flatcake inspect {manifest.parent})")
+    if store.is_dir() and next(store.rglob("flatcake.json"), None) is not None:
+        print(f"store: {store}  (look inside: flatcake inspect {store})")
     print(f"server log: {row.get('server_log')}")
 
 

@@ -3,18 +3,23 @@ pre-sized file) holds, and (``--verify``) whether it is intact.
 
 Opens the store read-only with the layout recorded in its manifest, so it can
 look at a store that a running server holds.  Memory-placed blocks live only in
-the server's process; an offline look sees the SSD tier.
+the server's process; an offline look sees the SSD tier.  Given the root a server
+was started with (``--flatcake-store-dir``, whose stores sit at
+``ROOT/<model>/<rank>``), it names and inspects every store under it.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import xxhash
 
 from ..config import FlatCakeConfig
+from ..errors import FlatCakeError
+from ..recovery import STORE_MANIFEST
 from ..store import FlatCakeStore
 
 
@@ -94,7 +99,48 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.3f} GiB"
 
 
+def stores_under(root: str | Path) -> list[Path]:
+    """The stores one or two levels under ``root`` (``root/<model>/<rank>``), sorted; empty
+    when ``root`` is a store itself or holds none."""
+    base = Path(root)
+    if not base.is_dir() or (base / STORE_MANIFEST).exists():
+        return []
+    return sorted(m.parent for pattern in (f"*/{STORE_MANIFEST}", f"*/*/{STORE_MANIFEST}")
+                  for m in base.glob(pattern))
+
+
 def run(root: str, verify: bool, as_json: bool, ssd_bytes: int | None = None) -> int:
+    """Inspect the store at ``root``, or each store under a ``--flatcake-store-dir`` root;
+    the exit code (1: damage found by ``verify``)."""
+    base = Path(root)
+    if not base.is_dir() or (base / STORE_MANIFEST).exists():
+        info, rc = inspect_one(root, verify, ssd_bytes)
+        if as_json:
+            print(json.dumps(info, indent=1))
+        else:
+            print_table(info, verify)
+        return rc
+    found = stores_under(base)
+    if not found:
+        raise FlatCakeError(f"{root}: no flatcake store here ({STORE_MANIFEST} is neither in it "
+                            f"nor in the folders under it, as ROOT/<model>/<rank>/"
+                            f"{STORE_MANIFEST})")
+    results = [inspect_one(str(p), verify, ssd_bytes) for p in found]
+    if as_json:
+        print(json.dumps({"store_root": str(base), "stores": [i for i, _ in results]}, indent=1))
+    else:
+        print(f"{root} is a --flatcake-store-dir root holding {len(found)} "
+              f"store{'s' if len(found) != 1 else ''} (one per model and rank):")
+        for p in found:
+            print(f"  {p}")
+        for info, _ in results:
+            print()
+            print_table(info, verify)
+    return max(rc for _, rc in results)
+
+
+def inspect_one(root: str, verify: bool, ssd_bytes: int | None = None) -> tuple[dict, int]:
+    """``(describe(...) plus "verify" when asked, exit code)`` for the one store at ``root``."""
     cfg = FlatCakeConfig(ssd_bytes=ssd_bytes) if ssd_bytes else FlatCakeConfig()
     store = FlatCakeStore.open_existing(root, FlatCakeConfig(**{**cfg.to_dict(), "memory_bytes": 0}))
     try:
@@ -107,9 +153,10 @@ def run(root: str, verify: bool, as_json: bool, ssd_bytes: int | None = None) ->
             rc = 1 if damage else 0
     finally:
         store.close()                             # removes the scratch root of a region
-    if as_json:
-        print(json.dumps(info, indent=1))
-        return rc
+    return info, rc
+
+
+def print_table(info: dict, verify: bool) -> None:
     lay = info["layout"]
     print(f"store {info['root']}: {lay['kind']} {lay['layers']} layers x {lay['parts']} parts x "
           f"{lay['part_bytes']} B, {lay['page_tokens']}-token pages, {lay['dtype']} "
@@ -134,4 +181,3 @@ def run(root: str, verify: bool, as_json: bool, ssd_bytes: int | None = None) ->
                       f"{d['bad_ranges']} bad (layer, block) ranges")
         print(f"verify: {v['ranges_checked']} ranges checked, "
               f"{len(v['damaged_segments'])} damaged segments")
-    return rc

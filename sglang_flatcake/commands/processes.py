@@ -3,8 +3,9 @@
 ``wait_until(cond, timeout, what)`` polls ``cond()`` until it returns something true (and
 returns that), or raises ``TimeoutError`` naming ``what``; a ``cond`` that raises stops
 the wait with its error.  ``stop_group(proc, grace)`` ends a process started with
-``start_new_session=True``: SIGTERM to its group, SIGKILL after ``grace`` seconds; a
-no-op when it has exited.  ``Managed`` gives a helper process class (``start`` returning
+``start_new_session=True``: SIGTERM to its group, SIGKILL after ``grace`` seconds (or at
+once if a Ctrl-C interrupts the wait; the ``KeyboardInterrupt`` then goes on); a no-op
+when it has exited.  ``Managed`` gives a helper process class (``start`` returning
 itself, ``proc``, ``grace``) its ``stop`` and the ``with`` protocol.
 """
 
@@ -34,13 +35,20 @@ def stop_group(proc: subprocess.Popen | None, grace: float) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return                       # it ended between the two signals
-        proc.wait(timeout=30)
+        _kill(proc)
+    except KeyboardInterrupt:            # a second Ctrl-C while it shuts down: do not wait
+        _kill(proc)
+        raise
     except ProcessLookupError:
         return                           # it ended before the first one
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return                           # it ended between the two signals
+    proc.wait(timeout=30)
 
 
 class Managed:

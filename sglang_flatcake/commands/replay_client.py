@@ -160,21 +160,58 @@ def summarize(outcomes: list[Outcome], wall_s: float) -> dict:
             "wall_s": round(wall_s, 2)}
 
 
-def replay(url: str, requests: list[TraceRequest]) -> ReplayResult:
-    """Send every request at its time (one thread each) and wait for all answers."""
+@dataclass(frozen=True)
+class ReplayProgress:
+    """Where a replay stands: requests sent so far, answered (served or failed), served."""
+    sent: int
+    answered: int
+    served: int
+    total: int
+    elapsed_s: float
+
+
+def replay(url: str, requests: list[TraceRequest], progress=None,
+           tick_s: float = 1.0) -> ReplayResult:
+    """Send every request at its time (one thread each) and wait for all answers.
+
+    ``progress``, if given, is called from the calling thread with a ``ReplayProgress``
+    about every ``tick_s`` seconds and at each answer, and once more at the end."""
     outcomes: list[Outcome | None] = [None] * len(requests)
     start = time.perf_counter()
+    changed = threading.Condition()
+    counts = {"sent": 0, "answered": 0, "served": 0}
 
     def worker(i: int, req: TraceRequest) -> None:
         delay = req.at_s - (time.perf_counter() - start)
         if delay > 0:
             time.sleep(delay)          # open-loop arrivals at the trace's times
-        outcomes[i] = send_one(url, i, req)
+        with changed:
+            counts["sent"] += 1
+        try:
+            outcomes[i] = send_one(url, i, req)
+        finally:
+            with changed:
+                counts["answered"] += 1
+                counts["served"] += bool(outcomes[i] and outcomes[i].served)
+                changed.notify()
+
+    def report() -> None:
+        if progress is not None:
+            with changed:
+                now = ReplayProgress(total=len(requests),
+                                     elapsed_s=time.perf_counter() - start, **counts)
+            progress(now)
 
     threads = [threading.Thread(target=worker, args=(i, r), daemon=True)
                for i, r in enumerate(requests)]
     for t in threads:
         t.start()
+    while True:
+        report()
+        with changed:
+            if counts["answered"] >= len(requests):
+                break
+            changed.wait(timeout=tick_s)
     for t in threads:
         t.join()
     wall = time.perf_counter() - start

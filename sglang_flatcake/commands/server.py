@@ -1,7 +1,9 @@
 """Start and stop a real ``sglang.launch_server`` with flatcake, for the demo, benchmarks and tests.
 
 ``ServerProcess`` launches the server in its own process group, waits for
-``/health_generate``, and kills the whole group on ``stop()``.  A CPU server runs with
+``/health_generate`` (telling a ``progress(elapsed_s, stage)`` callback, once a second,
+what the start is waiting for: ``startup_stage`` reads it from the server's log), and
+kills the whole group on ``stop()``.  A CPU server runs with
 ``--device cpu --model-impl transformers`` and a capped ``--max-total-tokens``.
 """
 
@@ -12,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -51,6 +54,28 @@ def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: st
 
 BIND_FAILED = "error while attempting to bind on address"
 
+# What SGLang logs as it starts, in order, and what the start waits for once it has.
+STAGES = (
+    ("server_args=", "the scheduler process to start (it imports SGLang again)"),
+    ("Init parallel begin", "the model code to import"),
+    ("Load weight begin", "the model weights to load"),
+    ("Load weight end", "the KV cache to be allocated"),
+    ("KV Cache is allocated", "the host pool and the storage backend"),
+    ("Tree cache initialized", "the HTTP server to start"),
+    ("Uvicorn running on", "the first request (warm-up)"),
+    ("The server is fired up", "/health_generate to answer"),
+)
+
+
+def startup_stage(log: str) -> str:
+    """What a starting server waits for, from its log so far (the latest ``STAGES`` marker)."""
+    best, at = "Python to import SGLang", -1
+    for marker, stage in STAGES:
+        i = log.rfind(marker)
+        if i > at:
+            best, at = stage, i
+    return best
+
 
 class PortTaken(Exception):
     """Another process bound the server's port between ``free_port()`` and the bind."""
@@ -70,13 +95,16 @@ class ServerProcess(Managed):
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = self.base_args + ["--host", "127.0.0.1", "--port", str(self.port)]
 
-    def start(self, timeout: float = 600, tries: int = 3) -> "ServerProcess":
+    def start(self, timeout: float = 600, tries: int = 3, progress=None) -> "ServerProcess":
         """Start and wait for ``/health_generate``.  A free port taken by another process
         before the server bound it (``address already in use`` in its log) is retried on a
-        new port, ``tries`` times in all, unless the caller fixed the port."""
+        new port, ``tries`` times in all, unless the caller fixed the port.  ``progress``,
+        if given, is called about once a second with (seconds since the start, what the
+        start waits for now)."""
+        t0 = time.monotonic()
         for attempt in range(tries):
             try:
-                return self._start_once(timeout)
+                return self._start_once(timeout, progress, t0)
             except PortTaken:
                 self.stop()
                 if self.fixed_port or attempt == tries - 1:
@@ -84,19 +112,22 @@ class ServerProcess(Managed):
                 self._use_port(free_port())
         raise AssertionError("unreachable")
 
-    def _port_taken(self) -> bool:
-        log = self.tail(20000)
+    def _port_taken(self, log: str | None = None) -> bool:
+        log = self.tail(20000) if log is None else log
         return BIND_FAILED in log and f"'127.0.0.1', {self.port})" in log
 
-    def _start_once(self, timeout: float) -> "ServerProcess":
+    def _start_once(self, timeout: float, progress=None, t0: float = 0.0) -> "ServerProcess":
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *self.args],
                                      stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
 
         def healthy() -> bool:
-            if self._port_taken():
+            log = self.tail(64000)
+            if self._port_taken(log):
                 raise PortTaken(self.port)
+            if progress is not None:
+                progress(time.monotonic() - t0, startup_stage(log))
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} while starting: "
                                    f"{self.failure_line()} (log: {self.log_path})")

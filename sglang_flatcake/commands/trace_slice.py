@@ -1,8 +1,9 @@
-"""Cut a small Mooncake-format slice out of WEKA agent sessions, for ``bench_serving``.
+"""Cut a small Mooncake-format slice out of WEKA agent sessions, for ``flatcake demo``.
 
-SGLang's ``bench_serving --dataset-name mooncake`` replays JSON lines of
-``{"timestamp" (ms), "hash_ids", "output_length"}`` and turns every hash id into
-a fixed run of text, so equal ids give equal prefixes.  WEKA's Claude Code
+The Mooncake trace format (also what SGLang's ``bench_serving --dataset-name mooncake``
+reads) is JSON lines of ``{"timestamp" (ms), "hash_ids", "output_length"}``; the demo's
+own client (``replay_client``) turns every hash id into a fixed run of token ids, so
+equal ids give equal prefixes.  WEKA's Claude Code
 sessions carry 64-token block ids local to each session; this keeps each
 request's leading ``len(ids) // shrink`` ids (a prefix of a prefix is still a
 prefix, so reuse is kept), makes ids global per session, and staggers sessions.

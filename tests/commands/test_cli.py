@@ -88,3 +88,44 @@ def test_bench_restore_compares_media_and_engines_in_one_run(tmp_path):
         ratio = x["flatcake_gib_s"] / x["raw_gib_s"]
         assert abs(x["flatcake_vs_raw"] - ratio) < 2e-3 * ratio
     assert not region.exists(), "the region file the benchmark created is removed"
+
+
+def test_inspect_on_a_store_dir_root_names_and_inspects_each_store(tmp_path, layout, config):
+    """``--flatcake-store-dir`` holds ``<model>/<rank>`` stores; given the root, name them."""
+    a = tmp_path / "_models_tiny-a" / "tp0of1"
+    b = tmp_path / "_models_tiny-b" / "tp0of1"
+    make_store(a, layout, config)
+    make_store(b, layout, config)
+    r = flatcake("inspect", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "cannot read" not in r.stdout + r.stderr
+    assert f"{tmp_path} is a --flatcake-store-dir root holding 2 stores" in r.stdout
+    assert f"  {a}\n  {b}\n" in r.stdout
+    assert r.stdout.count("store ") >= 2 and r.stdout.count("below low watermark") == 2
+    j = flatcake("inspect", str(tmp_path), "--json", "--verify")
+    assert j.returncode == 0, j.stderr
+    doc = json.loads(j.stdout)
+    assert [s["root"] for s in doc["stores"]] == [str(a), str(b)]
+    assert all(s["totals"]["sessions"] == 2 and s["verify"]["damaged_segments"] == []
+               for s in doc["stores"])
+
+
+def test_inspect_on_a_folder_with_no_store_says_where_stores_would_be(tmp_path):
+    (tmp_path / "empty").mkdir()
+    r = flatcake("inspect", str(tmp_path / "empty"))
+    assert r.returncode == 2
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"flatcake: error: {tmp_path / 'empty'}: no flatcake store here")
+    assert "ROOT/<model>/<rank>/flatcake.json" in line
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly(tmp_path, layout, config):
+    """``flatcake inspect DIR | head``: the reader left; no traceback, exit 141 as a shell's."""
+    make_store(tmp_path / "s", layout, config)
+    code = ("import os, sys\n"
+            "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+            "from sglang_flatcake.commands.cli import main\n"
+            f"sys.exit(main(['inspect', {str(tmp_path / 's')!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 141, r.stderr
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr

@@ -105,3 +105,16 @@ def test_trace_prompts_share_prefixes_by_hash_id(tmp_path):
     empty.write_text("")
     with pytest.raises(ValueError, match="no requests"):
         load_trace(empty)
+
+
+def test_replay_reports_progress_sent_answered_served(url):
+    seen = []
+    reqs = [req(20), req(200), TraceRequest(0.6, list(range(30)), 8)]   # the last one sent late
+    res = replay(url, reqs, progress=seen.append, tick_s=0.1)
+    assert len(res.outcomes) == 3
+    last = seen[-1]
+    assert (last.sent, last.answered, last.served, last.total) == (3, 3, 2, 3)
+    assert any(p.sent < 3 for p in seen), "progress is reported while requests are outstanding"
+    for a, b in zip(seen, seen[1:]):
+        assert a.sent <= b.sent and a.answered <= b.answered and a.elapsed_s <= b.elapsed_s
+    assert all(p.served <= p.answered <= p.sent <= p.total for p in seen)

@@ -18,7 +18,7 @@ def test_start_retries_on_a_new_port(tmp_path, monkeypatch):
     s = srv.ServerProcess(["--model-path", "m"], log_path=str(tmp_path / "s.log"))
     first, seen = s.port, []
 
-    def once(timeout):
+    def once(timeout, *rest):
         seen.append((s.port, list(s.args)))
         if len(seen) == 1:
             raise srv.PortTaken(s.port)
@@ -33,6 +33,66 @@ def test_start_retries_on_a_new_port(tmp_path, monkeypatch):
 
 def test_a_fixed_port_taken_is_an_error_naming_it(tmp_path, monkeypatch):
     s = srv.ServerProcess(["--model-path", "m"], port=40003, log_path=str(tmp_path / "s.log"))
-    monkeypatch.setattr(s, "_start_once", lambda timeout: (_ for _ in ()).throw(srv.PortTaken(40003)))
+    monkeypatch.setattr(s, "_start_once", lambda timeout, *rest: (_ for _ in ()).throw(srv.PortTaken(40003)))
     with pytest.raises(RuntimeError, match="port 40003 already in use"):
         s.start()
+
+
+def test_startup_stage_names_what_the_start_waits_for():
+    assert srv.startup_stage("") == "Python to import SGLang"
+    log = "[2026] server_args={'model_path': 'm'}\n"
+    assert srv.startup_stage(log).startswith("the scheduler process to start")
+    log += "[2026] Init parallel begin.\n[2026] Load weight begin. avail mem=13.56 GB\n"
+    assert srv.startup_stage(log) == "the model weights to load"
+    log += "[2026] Load weight end. elapsed=0.39 s\n[2026] KV Cache is allocated. #tokens: 16384\n"
+    assert srv.startup_stage(log) == "the host pool and the storage backend"
+    log += "[2026] INFO:     Uvicorn running on http://127.0.0.1:1 (Press CTRL+C to quit)\n"
+    assert srv.startup_stage(log) == "the first request (warm-up)"
+    log += "[2026] The server is fired up and ready to roll!\n"
+    assert srv.startup_stage(log) == "/health_generate to answer"
+
+
+def test_start_reports_progress_from_the_log_until_healthy(tmp_path, monkeypatch):
+    """The health wait tells ``progress`` the seconds and the stage read from the log."""
+    log = tmp_path / "s.log"
+    s = srv.ServerProcess(["--model-path", "m"], log_path=str(log))
+
+    class Alive:
+        pid, returncode = 0, None
+
+        def poll(self):
+            return None
+    lines = iter(["server_args=ServerArgs()\n", "Load weight begin\n", "Load weight end\n"])
+    monkeypatch.setattr(srv.subprocess, "Popen", lambda *a, **k: Alive())
+
+    def answer(url, timeout):
+        with open(log, "a") as f:
+            f.write(next(lines, ""))
+        if "Load weight end" not in log.read_text():
+            raise ConnectionRefusedError()
+        return _Ok()
+    monkeypatch.setattr(srv.urllib.request, "urlopen", answer)
+    monkeypatch.setattr(srv, "wait_until", _fast_wait_until)
+    seen = []
+    assert s.start(progress=lambda t, stage: seen.append((t, stage))) is s
+    stages = [stage for _, stage in seen]
+    assert stages[0] == "Python to import SGLang" and "the model weights to load" in stages
+    assert all(t >= 0 for t, _ in seen) and [t for t, _ in seen] == sorted(t for t, _ in seen)
+
+
+class _Ok:
+    status = 200
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _fast_wait_until(cond, timeout, what, every=0.25):
+    for _ in range(50):
+        got = cond()
+        if got:
+            return got
+    raise TimeoutError(what)

@@ -1,0 +1,190 @@
+"""``flatcake demo`` and the ``flatcake`` command as a person meets them: help that is true,
+progress while it waits, a closing sentence, Ctrl-C as one line and exit code 130, and a
+store directory that is a file named as such."""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_flatcake.commands import cli, demo
+from sglang_flatcake.commands.demo_report import Progress, closing_sentence
+
+
+def flatcake(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sglang_flatcake", *args],
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def test_help_says_the_demo_uses_its_own_client_not_bench_serving():
+    top = flatcake("--help")
+    assert top.returncode == 0
+    assert "bench_serving" not in top.stdout and "its own client" in top.stdout
+    assert "simulated serving clock" in top.stdout              # replay is not a real server
+    d = flatcake("demo", "--help")
+    assert d.returncode == 0 and "bench_serving" not in d.stdout
+    assert "tokens per KV page" in d.stdout and "--flatcake-* flags" in d.stdout
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(demo, "run", interrupted)
+    assert cli.main(["demo"]) == 130
+    err = capsys.readouterr().err
+    assert err == "flatcake demo: interrupted; the servers it started are stopped\n"
+
+
+def test_run_backend_stops_the_server_when_interrupted(monkeypatch, tmp_path):
+    """A Ctrl-C while the server starts goes up through ``run_backend``'s ``finally``."""
+    from sglang_flatcake.commands import server as srv
+    stopped = []
+
+    def start(self, *a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(srv.ServerProcess, "start", start)
+    monkeypatch.setattr(srv.ServerProcess, "stop", lambda self: stopped.append(self.url))
+    args = cli._parse(["demo", "--store-dir", str(tmp_path / "s")])
+    with pytest.raises(KeyboardInterrupt):
+        demo.run_backend(args, "flatcake", "m", [], tmp_path)
+    assert len(stopped) == 1
+
+
+def server_pids(marker: str) -> list[int]:
+    """Processes whose command line names ``marker`` (the demo's store path)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if marker in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    out.append(int(p.name))
+            except OSError:
+                continue                     # it ended while we looked
+    return out
+
+
+@pytest.mark.e2e
+def test_ctrl_c_during_a_real_server_start_stops_it(tmp_path):
+    """The real command: SIGINT once the server is starting; no traceback, exit 130, and no
+    process is left with the demo's store directory on its command line."""
+    pytest.importorskip("sglang.srt.server_args")
+    pytest.importorskip("transformers")
+    store = tmp_path / "ctrl-c-store"
+    env = {**os.environ, "FLATCAKE_DEMO_CACHE": str(tmp_path / "models")}
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_flatcake", "demo", "--num-requests",
+                             "1", "--passes", "1", "--store-dir", str(store)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    err, deadline = b"", time.time() + 300
+    try:
+        while b"server starting" not in err and time.time() < deadline:
+            if select.select([proc.stderr], [], [], 1.0)[0]:
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                if not chunk:
+                    break
+                err += chunk
+        assert b"server starting" in err, err.decode(errors="replace")[-2000:]
+        assert b"waiting for" in err                 # says what the start waits for
+        assert server_pids(str(store)), "the server was running when Ctrl-C came"
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = (err + rest).decode(errors="replace")
+    assert proc.returncode == 130, text[-2000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-2000:]
+    assert text.strip().splitlines()[-1] == \
+        "flatcake demo: interrupted; the servers it started are stopped"
+    assert server_pids(str(store)) == []
+
+
+def test_progress_redraws_on_a_terminal_and_writes_spaced_lines_otherwise():
+    now = [0.0]
+    log = io.StringIO()
+    p = Progress(log, every_s=10, tty=False, clock=lambda: now[0])
+    for t in (0, 1, 5, 10, 12, 21):
+        now[0] = t
+        p.update(f"at {t}")
+    p.done("finished")
+    assert log.getvalue().splitlines() == ["at 0", "at 10", "at 21", "finished"]
+    term = io.StringIO()
+    q = Progress(term, tty=True, clock=lambda: now[0])
+    q.update("a")
+    now[0] += 1
+    q.update("b")
+    q.done("c")
+    assert term.getvalue() == "\ra\x1b[K\rb\x1b[K\rc\x1b[K\n"
+
+
+ROW = {"backend": "flatcake", "requests_sent": 64, "requests_served": 64, "prompt_tokens": 1000,
+       "storage_tokens": 250, "backup_tokens": 900, "ttft_s_mean": 0.1234}
+
+
+def test_closing_sentence_says_it_succeeded_what_it_measured_and_where_it_went():
+    s = closing_sentence([ROW], 2, 32, ["Rows (JSON): r.json.", "Logs and stores: /w"])
+    assert s.startswith("flatcake demo: OK.")
+    assert "all 64 requests (32 x 2 passes)" in s and "250 prompt tokens came back" in s
+    assert "(25% of all prompt tokens)" in s and "900 were written" in s and "0.123 s" in s
+    assert s.endswith("Rows (JSON): r.json. Logs and stores: /w") and "\n" not in s
+    two = closing_sentence([{**ROW, "backend": "none", "storage_tokens": 0}, ROW], 2, 32, [])
+    assert "Each of 2 backends" in two and "none 0, flatcake 250" in two
+
+
+def test_a_store_dir_that_is_a_file_is_named_as_a_file(tmp_path, layout, config):
+    from sglang_flatcake.private_fs import private_dir
+    from sglang_flatcake.store import FlatCakeStore
+    f = tmp_path / "store"
+    f.write_text("")
+    with pytest.raises(NotADirectoryError, match="regular file, not a directory") as e:
+        private_dir(f)
+    assert "another local user" not in str(e.value) and str(f) in str(e.value)
+    with pytest.raises(NotADirectoryError, match="regular file, not a directory"):
+        FlatCakeStore(f, layout, config)
+    assert f.read_text() == "", "the file is left as it was"
+
+
+def test_progress_close_ends_an_open_terminal_line_only():
+    term = io.StringIO()
+    p = Progress(term, tty=True)
+    p.close()
+    assert term.getvalue() == ""
+    p.update("starting")
+    p.close()
+    p.close()
+    assert term.getvalue() == "\rstarting\x1b[K\n"
+
+
+@pytest.mark.e2e
+def test_the_demo_shows_progress_and_ends_saying_what_it_measured(tmp_path):
+    """The real demo at a small scale, as a log sees it: the start's stages, requests answered
+    of sent, no tokenizer progress bars, and a closing sentence naming the JSON."""
+    pytest.importorskip("sglang.srt.server_args")
+    out = tmp_path / "demo.json"
+    r = flatcake("demo", "--num-requests", "2", "--passes", "2", "--json", str(out),
+                 "--store-dir", str(tmp_path / "store"), timeout=1500,
+                 env={**os.environ, "FLATCAKE_DEMO_CACHE": str(tmp_path / "models")})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "server starting" in r.stderr and "waiting for" in r.stderr
+    assert "pass 2/2: 2 of 2 requests served" in r.stderr
+    assert "Compute merges" not in r.stderr and "Traceback" not in r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("flatcake demo: OK. A real SGLang server with the flatcake backend "
+                           "served all 4 requests (2 x 2 passes)"), last
+    assert f"Rows (JSON): {out}." in last and out.is_file()
+
+
+def test_a_model_cache_that_cannot_be_used_is_one_line(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FLATCAKE_DEMO_CACHE", str(blocker))
+    with pytest.raises(demo.DemoFailure, match=f"the model cache {blocker} cannot be used: .*"
+                       "regular file, not a directory.*FLATCAKE_DEMO_CACHE"):
+        demo.tiny_model(4096)
