@@ -6,7 +6,7 @@ import pytest
 from sglang_flatcake.keys import key_digests
 from sglang_flatcake.store import FlatCakeStore
 
-from conftest import blocks_for, chain
+from tests.support import blocks_for, chain
 
 
 def test_key_digests_refuses_one_str_or_bytes():
