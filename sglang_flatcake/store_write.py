@@ -4,9 +4,10 @@ Everything here works on the store core (``store_core.StoreCore``), inside one w
 transaction (``core.write()``).  ``put_new(core, s, dig, blocks, sigs, existing)`` stores
 the new blocks ``dig`` of one batch in session ``s`` (pinned by the caller): each block
 is placed (``placement.place``); the SSD ones go into one layer-major segment at the
-session's end (``write_segment``), the memory ones into arena slots reserved before any I/O.  A full disk or capacity
-(``NotStoredError``) truncates the batch at its first SSD block: what comes before is
-kept, the rest is ``failed``, unused reserved slots are freed.  Never raises for capacity.
+session's end (``write_segment``), the memory ones into arena slots reserved before any
+I/O.  A full disk or capacity (``NotStoredError``) truncates the batch at its first SSD
+block: what comes before is kept, the rest is ``failed``, unused reserved slots are
+freed.  Never raises for capacity.
 """
 
 from __future__ import annotations

@@ -169,18 +169,19 @@ class UringEngine(IOEngine):
         for path, (fd, direct), off, views in items:
             if len(views) == 1 and views[0].nbytes <= self.max_io_bytes:   # fast path: one aligned op
                 v = views[0]
-                h, p = UringHandle(self, v.nbytes, write), _addr(v)
+                h, p = UringHandle(self._count, self._wait_for, v.nbytes, write), _addr(v)
                 if not direct or (p % a == 0 and v.nbytes % a == 0):
                     ops.append(_Op(write, fd, direct, path, off, views, [p], v.nbytes, h,
                                    self._slot_of(v, p)))
-                    h._left = 1
+                    h.expect(1)
                     handles.append(h)
                     continue
-            h, mine = UringHandle(self, sum(v.nbytes for v in views), write), []
+            h, mine = UringHandle(self._count, self._wait_for, sum(v.nbytes for v in views),
+                                  write), []
             for iov in self._chunks(views):
                 mine += self._plan(write, path, fd, direct, off, iov, h)
                 off += sum(v.nbytes for v in iov)
-            h._left, h._finished = len(mine), not mine
+            h.expect(len(mine))
             handles.append(h)
             ops += mine
         self._enqueue(ops)
@@ -238,26 +239,25 @@ class UringEngine(IOEngine):
         with self._lock:
             while self._waiters:
                 w = self._waiters.popleft()
-                if not w._finished:
-                    return w._ev.set()
+                if not w.done():
+                    return w.wake()
 
     def _wait_for(self, h: UringHandle) -> None:
         """Drive the ring until ``h`` is done, or sleep while another thread drives it
         (woken when ``h`` finishes or when the driver leaves)."""
-        while not h._finished:
+        while not h.done():
             if self._ring_lock.acquire(blocking=False):
                 try:
-                    while not h._finished:
+                    while not h.done():
                         self._step(1)
                 finally:
                     self._leave()
                 return
-            h._ev = h._ev or threading.Event()
-            h._ev.clear()
+            h.arm()
             with self._lock:
                 self._waiters.append(h)
-            if not h._finished and self._ring_lock.locked():   # else: done, or the driver just left
-                h._ev.wait()
+            if not h.done() and self._ring_lock.locked():   # else: done, or the driver just left
+                h.sleep()
 
     def _step(self, wait: int) -> None:
         """Fill the SQ, submit, block for a CQE if ``wait``, reap.  A ring error fails every
@@ -360,7 +360,7 @@ class UringEngine(IOEngine):
             with self._lock:
                 self._bfree.append(op.bslot)
             op.bslot = -1
-        op.handle._op_done(err)
+        op.handle.op_done(err)
 
     # -- the rest --------------------------------------------------------------------
     def _count(self, name: str, k: int = 1) -> None:
