@@ -1,4 +1,4 @@
-"""The io_uring engine's units of work: ``_Op`` (one SQE) and ``UringHandle`` (one
+"""The io_uring engine's units of work: ``UringOp`` (one SQE) and ``UringHandle`` (one
 submitted command, made of ops).  Ops finish only in the thread driving the ring."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-class _Op:
+class UringOp:
     """One SQE's worth of work: ``n`` bytes at ``off`` over ``iov`` (address, length)
     pairs, ``need`` of which must arrive; re-queued for the rest after a short transfer."""
     __slots__ = ("write", "verb", "fd", "direct", "path", "off", "iov", "keep", "n", "need", "done",
