@@ -2,9 +2,10 @@
 
 One ``SessionTable`` per store.  It owns ``sessions`` (id -> ``Session``), the client
 label map and the next session id, and it is the only code that adds a session's
-blocks to the key index or takes them out.  Every method is called with the store's
-``_meta`` lock held; none does I/O except ``drop``, which asks the SSD tier to release
-the session's space (a metadata operation on both media).
+blocks to the key index or takes them out.  The store core (``store_core.StoreCore``)
+owns it: every method is called under ``StoreCore.locked()``; none does I/O except
+``drop``, which asks the SSD tier to release the session's space (a metadata operation
+on both media).
 """
 
 from __future__ import annotations

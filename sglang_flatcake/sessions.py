@@ -54,7 +54,7 @@ class Session:
     n_blocks: int = 0            # own blocks (SSD and memory)
     tail: tuple[int, int] | None = None  # digest of the last own block
     write_offset: int = 0        # where the next segment goes in the file
-    readers: int = 0             # pins held by reads and by the writer
+    readers: int = 0             # pins held by reads and the writer: StoreCore.pin/unpin only
     children: set[int] = field(default_factory=set)
     next_seq: int = 0
     durable: bool = False        # manifest written

@@ -13,11 +13,17 @@
   C-contiguous array (``ValueError`` otherwise: a copy would be filled, not ``out``).
 - ``as_blocks(layout, blocks, n)``: ``blocks`` seen as ``(n, layers, block_layer_bytes)``
   uint8 (``ValueError`` naming both sizes when its bytes are not ``n`` blocks).
-- ``check_signals(signals, n)``: one ``WriteSignals`` per key (one given is repeated).
+- ``check_signals(signals, n)``: one ``WriteSignals`` per key (one given is repeated);
+  each of its counts an ``int`` (a ``bool`` or a float is refused, ``TypeError``).
+- ``check_keys(keys, call)``: a key list is a sequence of keys, never one ``str`` (or
+  ``bytes``), which would be read as one key per character (``TypeError`` naming it).
+- ``check_count(n, call, name)``: a count is an ``int`` (not a ``bool``; ``TypeError``)
+  >= 0 (``ValueError``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Sequence
 
@@ -116,4 +122,26 @@ def check_signals(signals, n: int) -> list[WriteSignals]:
     sigs = [signals] * n if isinstance(signals, WriteSignals) else list(signals)
     if len(sigs) != n:
         raise ValueError(f"put: {len(sigs)} signals for {n} keys")
+    for sg in {id(sg): sg for sg in sigs}.values():     # each distinct object once
+        if not isinstance(sg, WriteSignals):
+            raise TypeError(f"put: signals must be WriteSignals, got {type(sg).__name__} {sg!r}")
+        for f in dataclasses.fields(sg):
+            v = getattr(sg, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"put: WriteSignals.{f.name} must be an int, got "
+                                f"{type(v).__name__} {v!r}")
     return sigs
+
+
+def check_keys(keys, call: str, name: str = "keys") -> None:
+    if isinstance(keys, (str, bytes, bytearray, memoryview)):
+        raise TypeError(f"{call}: {name} must be a list of keys, got one {type(keys).__name__} "
+                        f"{keys[:70]!r}; pass [key] for one key")
+
+
+def check_count(n, call: str, name: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"{call}: {name} must be an int, got {type(n).__name__} {n!r}")
+    if n < 0:
+        raise ValueError(f"{call}: {name} must be >= 0, got {n}")
+    return int(n)

@@ -1,10 +1,11 @@
 """Opening a store: the directory lock, the manifest, recovery.
 
-Called by ``FlatCakeStore.__init__`` only.  A refused start raises before the
-store answers a call, and the store's ``close()`` then releases what was taken.
-Recovery rebuilds the session table and the index from what the SSD tier scans
-(session files or the region's checkpoint and journal); a session left with no
-segment is released, a torn header zeroed.
+Called by ``FlatCakeStore.__init__`` only, on the store core (``store_core.StoreCore``)
+before it is ``opened()``.  A refused start raises before the store answers a call, and
+the store's ``close()`` then releases what was taken.  Recovery rebuilds the session
+table and the index from what the SSD tier scans (session files or the region's
+checkpoint and journal); a session left with no segment is released, a torn header
+zeroed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .config import FlatCakeConfig
 from .errors import FlatCakeError, LayoutMismatchError, UnsafeStoreError
 from .layout import KVLayout
 from .private_fs import open_file
+from .store_core import StoreCore
 from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, read_json,
                        store_manifest)
 from .tiers.ssd_recovery import check_orphan_files
@@ -42,58 +44,61 @@ def take_lock(root: Path) -> int:
     return fd
 
 
-def check_manifest(st) -> None:
+def check_manifest(core: StoreCore, root: Path, read_only: bool) -> None:
     """Check (or write) ``flatcake.json`` against the store's layout; a tier that keeps
     the layout on its medium (a region) checked it when it opened."""
-    mpath = st.root / STORE_MANIFEST
-    if st.ssd.keeps_layout:
+    mpath = root / STORE_MANIFEST
+    ssd, lay, cfg = core.ssd, core.layout, core.config
+    if ssd.keeps_layout:
         return
     if mpath.exists():
         try:
-            check_store_manifest(read_json(mpath), st.layout, st.config.alignment, st.root)
+            check_store_manifest(read_json(mpath), lay, cfg.alignment, root)
         except LayoutMismatchError:
-            if st.read_only or st.config.on_layout_mismatch != "reset":
+            if read_only or cfg.on_layout_mismatch != "reset":
                 raise
-            log.warning("store %s: layout mismatch, resetting it empty as asked", st.root)
-            st.ssd.reset()
-            atomic_write_json(mpath, store_manifest(st.layout, st.config.alignment))
-    elif not st.read_only:
-        check_orphan_files(st.ssd.dir, st.layout, st.config.alignment, st.root,
-                           st.config.on_layout_mismatch == "reset")
-        atomic_write_json(mpath, store_manifest(st.layout, st.config.alignment))
+            log.warning("store %s: layout mismatch, resetting it empty as asked", root)
+            ssd.reset()
+            atomic_write_json(mpath, store_manifest(lay, cfg.alignment))
+    elif not read_only:
+        check_orphan_files(ssd.dir, lay, cfg.alignment, root,
+                           cfg.on_layout_mismatch == "reset")
+        atomic_write_json(mpath, store_manifest(lay, cfg.alignment))
 
 
-def recover(st) -> dict:
-    """Rebuild the session table and the index from the SSD tier; returns the report."""
-    t = st.table
-    sessions, rep, torn = st.ssd.load(st.layout, st.config.alignment,
-                                      st.config.start_empty and not st.read_only)
-    t.next_sid = max(t.next_sid, st.ssd.next_sid)
-    for s in sessions:
-        t.next_sid = max(t.next_sid, s.sid + 1)
-        if not s.segments:
-            if not st.read_only:
-                st.ssd.release(s.sid)
-            continue
-        t.add(s)
-        st.ssd.adopt(s.sid, torn[s.sid][1])
-        for seg in s.segments:
-            t.index_segment(s, seg)
-        torn_at, size = torn[s.sid]
-        if not st.read_only and size - torn_at >= st.config.alignment:
-            # zero a torn header, if any, so a later scan cannot misread it
-            st.ssd.zero_at(s.sid, torn_at, st.config.alignment)
-    for s in t.sessions.values():
-        if s.parent is not None and s.parent >= s.sid:   # a parent is always older
-            log.warning("store %s: session %d names %d as its parent; treated as a root",
-                        st.root, s.sid, s.parent)
-            s.parent, rep["bad_parents"] = None, rep["bad_parents"] + 1
-        if s.parent in t.sessions:
-            t.sessions[s.parent].children.add(s.sid)
-    if not st.read_only:
-        st.ssd.cleanup(set(t.sessions), rep)
+def recover(core: StoreCore, root: Path, read_only: bool) -> dict:
+    """Rebuild the session table and the index from the SSD tier (under the core's
+    lock); returns the report."""
+    ssd, cfg = core.ssd, core.config
+    with core.locked() as t:
+        sessions, rep, torn = ssd.load(core.layout, cfg.alignment,
+                                       cfg.start_empty and not read_only)
+        t.next_sid = max(t.next_sid, ssd.next_sid)
+        for s in sessions:
+            t.next_sid = max(t.next_sid, s.sid + 1)
+            if not s.segments:
+                if not read_only:
+                    ssd.release(s.sid)
+                continue
+            t.add(s)
+            ssd.adopt(s.sid, torn[s.sid][1])
+            for seg in s.segments:
+                t.index_segment(s, seg)
+            torn_at, size = torn[s.sid]
+            if not read_only and size - torn_at >= cfg.alignment:
+                # zero a torn header, if any, so a later scan cannot misread it
+                ssd.zero_at(s.sid, torn_at, cfg.alignment)
+        for s in t.sessions.values():
+            if s.parent is not None and s.parent >= s.sid:   # a parent is always older
+                log.warning("store %s: session %d names %d as its parent; treated as a root",
+                            root, s.sid, s.parent)
+                s.parent, rep["bad_parents"] = None, rep["bad_parents"] + 1
+            if s.parent in t.sessions:
+                t.sessions[s.parent].children.add(s.sid)
+        if not read_only:
+            ssd.cleanup(set(t.sessions), rep)
     if rep:
-        log.info("store %s recovered: %s", st.root, dict(rep))
+        log.info("store %s recovered: %s", root, dict(rep))
     return dict(rep)
 
 

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from .placement import Rule
 from .results import COUNTERS
+from .store_core import StoreCore
 
 
-def store_stats(st) -> dict:
-    """The caller holds ``st._meta``."""
-    sessions = st.sessions.values()
+def store_stats(core: StoreCore, engine) -> dict:
+    """One consistent view, taken under the core's lock; ``engine``: the store's I/O engine."""
+    with core.locked() as table:
+        return _stats(core, table, engine)
+
+
+def _stats(st: StoreCore, table, engine) -> dict:
+    sessions = table.sessions.values()
     ssd_blocks = sum(sum(g.n_blocks for g in s.segments) for s in sessions)
     mem_blocks = sum(len(s.memory_slots) for s in sessions)
     out = {
-        "sessions": len(st.sessions),
+        "sessions": len(table.sessions),
         "blocks_memory": mem_blocks,
         "blocks_ssd": ssd_blocks,
         "bytes_memory": mem_blocks * st.layout.block_bytes,
@@ -29,6 +35,6 @@ def store_stats(st) -> dict:
     }
     out.update({name: 0 for name in COUNTERS})
     out.update({f"placement_{r.value}": 0 for r in Rule})
-    out.update(st.counters)
-    out["io"] = st.engine.stats()
+    out.update(st.counts())
+    out["io"] = engine.stats()
     return out

@@ -41,7 +41,7 @@ MAP = {
     "test_cli.py": "commands", "test_server_process.py": "commands",
     "test_replay_client.py": "commands",
     "test_wheel.py": "project", "test_gpu_only_lines.py": "project",
-    "test_docs_links.py": "project",
+    "test_docs_links.py": "project", "test_private_reach.py": "project",
 }
 
 # sglang_flatcake.<part> -> tests/<dir>, for files MAP does not name

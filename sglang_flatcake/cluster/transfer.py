@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -89,7 +89,7 @@ class Engine:
         done = threading.Event()
         out: dict[str, int] = {}
         if refused:
-            return PendingRead(self, done, out, "too many late")
+            return PendingRead(self._abandon, done, out, "too many late")
 
         def work() -> None:
             try:
@@ -101,7 +101,7 @@ class Engine:
                 done.set()
 
         threading.Thread(target=work, name="fc-te-read", daemon=True).start()
-        return PendingRead(self, done, out, "")
+        return PendingRead(self._abandon, done, out, "")
 
     def _poll(self, bid: int) -> int:
         """0 once the single-entry batch ``bid`` completed, else -1.  The engine's
@@ -137,10 +137,12 @@ class Engine:
 
 
 class PendingRead:
-    """A started batch (``Engine.start_read``); ``wait`` it exactly once."""
+    """A started batch (``Engine.start_read``); ``wait`` it exactly once.  ``abandon``: the
+    engine's count of a late read, given its event."""
 
-    def __init__(self, engine: Engine, done: threading.Event, out: dict, refused: str) -> None:
-        self._engine, self._done, self._out, self._refused = engine, done, out, refused
+    def __init__(self, abandon: Callable[[threading.Event], threading.Event],
+                 done: threading.Event, out: dict, refused: str) -> None:
+        self._abandon, self._done, self._out, self._refused = abandon, done, out, refused
         self._result: ReadResult | None = None
 
     def wait(self, timeout_s: float) -> ReadResult:
@@ -150,7 +152,7 @@ class PendingRead:
             return ReadResult(False, self._refused)
         if self._result is None:
             if not self._done.wait(max(timeout_s, 0.0)):
-                self._result = ReadResult(False, "timeout", self._engine._abandon(self._done))
+                self._result = ReadResult(False, "timeout", self._abandon(self._done))
             elif self._out.get("status") == 0:
                 self._result = ReadResult(True, "")
             else:

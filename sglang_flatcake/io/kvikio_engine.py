@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import IOEngineError
 from ..private_fs import open_file
@@ -45,9 +45,9 @@ def _address(a) -> int:
 class KvikioHandle:
     """One submitted command: one kvikio future per target buffer."""
 
-    def __init__(self, parts: list, engine: "KvikioEngine") -> None:
+    def __init__(self, parts: list, count: Callable[[str], None]) -> None:
         self._parts = parts          # (future, nbytes, path, file offset)
-        self._engine = engine
+        self._count = count          # the engine's stats counter
 
     def done(self) -> bool:
         return all(f.done() for f, *_ in self._parts)
@@ -69,7 +69,7 @@ class KvikioHandle:
                                     "bytes (file too small)")
             first = first or err
         if first is not None:
-            self._engine._count("errors")
+            self._count("errors")
             raise first
 
 
@@ -148,7 +148,7 @@ class KvikioEngine(IOEngine):
                 parts.append((f.pread(v, v.nbytes, off), v.nbytes, cmd.path, off))
                 off += v.nbytes
             self._count("read_ops", len(parts))
-            handles.append(KvikioHandle(parts, self))
+            handles.append(KvikioHandle(parts, self._count))
         self._count("read_commands", len(commands))
         self._count("bytes_read", sum(c.length for c in commands))
         return handles

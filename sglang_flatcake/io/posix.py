@@ -12,7 +12,7 @@ import errno
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -27,9 +27,9 @@ IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 class ReadHandle:
     """One submitted command; ``wait`` returns when all its chunks are done."""
 
-    def __init__(self, futures, engine: "PosixEngine") -> None:
+    def __init__(self, futures, count: Callable[[str], None]) -> None:
         self._futures = futures
-        self._engine = engine
+        self._count = count                  # the engine's stats counter
 
     def wait(self) -> None:
         """Block until done; raise ``IOEngineError`` if any chunk failed."""
@@ -39,7 +39,7 @@ class ReadHandle:
             if exc is not None and first is None:
                 first = exc
         if first is not None:
-            self._engine._count("errors")
+            self._count("errors")
             raise first
 
 
@@ -175,7 +175,7 @@ class PosixEngine(IOEngine):
             for iov in self._chunks(target):
                 futures.append(self._pool.submit(self._read_chunk, fd, direct, cmd.path, off, iov))
                 off += sum(v.nbytes for v in iov)
-            handles.append(ReadHandle(futures, self))
+            handles.append(ReadHandle(futures, self._count))
         self._count("read_commands", len(commands))
         self._count("bytes_read", sum(c.length for c in commands))
         return handles

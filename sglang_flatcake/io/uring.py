@@ -34,7 +34,7 @@ from ..layout import align_down, align_up
 from .base import (O_DIRECT, FileTable, IOEngine, ReadCommand, aligned_empty, check_commands,
                    command_views, datasync, fallocate_to)
 from .uring_buffers import BufferTable
-from .uring_ops import UringHandle, _Op
+from .uring_ops import UringHandle, UringOp
 from .uring_sys import (_CQE, _ENTER, _GETEVENTS, _READ, _READ_FIXED, _READV, _RETRY, _SQE,
                         _WRITE, _WRITE_FIXED, _WRITEV, IOV_MAX, _addr, _setup, _sys,
                         unavailable_reason)
@@ -73,8 +73,8 @@ class UringEngine(IOEngine):
         self._sq_tail_i, self._sq_mask, self._sq_tail = sq[1] // 4, u32[sq[2] // 4], u32[sq[1] // 4]
         self._cq_head_i, self._cq_tail_i, self._cq_mask = cq[0] // 4, cq[1] // 4, u32[cq[2] // 4]
         self._cqes, self._cq_head = cq[5], u32[cq[0] // 4]
-        self._backlog: collections.deque[_Op] = collections.deque()
-        self._ops: dict[int, _Op] = {}                 # user_data -> op in flight
+        self._backlog: collections.deque[UringOp] = collections.deque()
+        self._ops: dict[int, UringOp] = {}                 # user_data -> op in flight
         self._waiters: collections.deque[UringHandle] = collections.deque()   # sleeping followers
         self._next_ud, self._unsub, self._stopping, self._dead = 1, 0, False, None
         # registered buffers: slots [0, bounce_slots) hold the bounce pool
@@ -114,17 +114,17 @@ class UringEngine(IOEngine):
         return buf
 
     # -- planning (the callers' threads) ---------------------------------------------
-    def _plan(self, write, path, fd, direct, off, iov: list[np.ndarray], h: UringHandle) -> list[_Op]:
+    def _plan(self, write, path, fd, direct, off, iov: list[np.ndarray], h: UringHandle) -> list[UringOp]:
         """Ops for one chunk: zero-copy when aligned, else the aligned body in place and the
         rest through zero-padded bounce buffers (as posix does)."""
         a, addrs, n = self.alignment, [_addr(v) for v in iov], sum(v.nbytes for v in iov)
         if not direct or all(p % a == 0 and v.nbytes % a == 0 for p, v in zip(addrs, iov)):
             slot = self._slot_of(iov[0], addrs[0]) if len(iov) == 1 else -1
-            return [_Op(write, fd, direct, path, off, iov, addrs, n, h, buf=slot)]
+            return [UringOp(write, fd, direct, path, off, iov, addrs, n, h, buf=slot)]
         ops = []
         if len(iov) == 1 and addrs[0] % a == 0 and n >= a:
             body = align_down(n, a)
-            ops.append(_Op(write, fd, direct, path, off, [iov[0][:body]], addrs, body, h,
+            ops.append(UringOp(write, fd, direct, path, off, [iov[0][:body]], addrs, body, h,
                            buf=self._slot_of(iov[0], addrs[0])))
             iov, off, n = [iov[0][body:]], off + body, n - body
         for start in range(0, n, self.bounce_bytes):   # bounce ops of at most one pool slot
@@ -140,7 +140,7 @@ class UringEngine(IOEngine):
             if write:
                 np.concatenate(parts, out=bounce[:piece])
                 bounce[piece:] = 0
-            ops.append(_Op(write, fd, direct, path, off + start, [bounce], [_addr(bounce)],
+            ops.append(UringOp(write, fd, direct, path, off + start, [bounce], [_addr(bounce)],
                            bounce.nbytes if write else piece, h, bslot, bounce, bslot, parts))
         return ops
 
@@ -169,18 +169,19 @@ class UringEngine(IOEngine):
         for path, (fd, direct), off, views in items:
             if len(views) == 1 and views[0].nbytes <= self.max_io_bytes:   # fast path: one aligned op
                 v = views[0]
-                h, p = UringHandle(self, v.nbytes, write), _addr(v)
+                h, p = UringHandle(self._count, self._wait_for, v.nbytes, write), _addr(v)
                 if not direct or (p % a == 0 and v.nbytes % a == 0):
-                    ops.append(_Op(write, fd, direct, path, off, views, [p], v.nbytes, h,
+                    ops.append(UringOp(write, fd, direct, path, off, views, [p], v.nbytes, h,
                                    self._slot_of(v, p)))
-                    h._left = 1
+                    h.expect(1)
                     handles.append(h)
                     continue
-            h, mine = UringHandle(self, sum(v.nbytes for v in views), write), []
+            h, mine = UringHandle(self._count, self._wait_for, sum(v.nbytes for v in views),
+                                  write), []
             for iov in self._chunks(views):
                 mine += self._plan(write, path, fd, direct, off, iov, h)
                 off += sum(v.nbytes for v in iov)
-            h._left, h._finished = len(mine), not mine
+            h.expect(len(mine))
             handles.append(h)
             ops += mine
         self._enqueue(ops)
@@ -216,7 +217,7 @@ class UringEngine(IOEngine):
         datasync(self._fd(path)[0], path)
 
     # -- driving the ring (only the thread holding _ring_lock) ----------------------------
-    def _enqueue(self, ops: list[_Op]) -> None:
+    def _enqueue(self, ops: list[UringOp]) -> None:
         with self._lock:
             err = self._dead or (IOEngineError(errno.ECANCELED, "the io_uring engine is closed")
                                  if self._stopping else None)
@@ -238,26 +239,25 @@ class UringEngine(IOEngine):
         with self._lock:
             while self._waiters:
                 w = self._waiters.popleft()
-                if not w._finished:
-                    return w._ev.set()
+                if not w.done():
+                    return w.wake()
 
     def _wait_for(self, h: UringHandle) -> None:
         """Drive the ring until ``h`` is done, or sleep while another thread drives it
         (woken when ``h`` finishes or when the driver leaves)."""
-        while not h._finished:
+        while not h.done():
             if self._ring_lock.acquire(blocking=False):
                 try:
-                    while not h._finished:
+                    while not h.done():
                         self._step(1)
                 finally:
                     self._leave()
                 return
-            h._ev = h._ev or threading.Event()
-            h._ev.clear()
+            h.arm()
             with self._lock:
                 self._waiters.append(h)
-            if not h._finished and self._ring_lock.locked():   # else: done, or the driver just left
-                h._ev.wait()
+            if not h.done() and self._ring_lock.locked():   # else: done, or the driver just left
+                h.sleep()
 
     def _step(self, wait: int) -> None:
         """Fill the SQ, submit, block for a CQE if ``wait``, reap.  A ring error fails every
@@ -289,7 +289,7 @@ class UringEngine(IOEngine):
     def _enter(self, to_submit: int, min_complete: int, flags: int) -> int:
         return _sys(_ENTER, self._ring, to_submit, min_complete, flags, 0, 0)
 
-    def _fill(self) -> list[_Op]:
+    def _fill(self) -> list[UringOp]:
         """Move queued ops into the SQ (under _lock).  When closing, empty the queue instead
         and return its ops, to fail."""
         if self._stopping:
@@ -333,7 +333,7 @@ class UringEngine(IOEngine):
         for op, res in ops:
             self._complete(op, res)
 
-    def _complete(self, op: _Op, res: int) -> None:
+    def _complete(self, op: UringOp, res: int) -> None:
         """One CQE: finish the op, or queue it again for the rest (short or cancelled)."""
         done = op.done + max(res, 0)
         if res in _RETRY and op.retries < 100 and not self._stopping:
@@ -355,12 +355,12 @@ class UringEngine(IOEngine):
                 v[...], pos = op.bounce[pos:pos + v.nbytes], pos + v.nbytes
         self._finish(op, None)
 
-    def _finish(self, op: _Op, err) -> None:
+    def _finish(self, op: UringOp, err) -> None:
         if op.bslot >= 0:
             with self._lock:
                 self._bfree.append(op.bslot)
             op.bslot = -1
-        op.handle._op_done(err)
+        op.handle.op_done(err)
 
     # -- the rest --------------------------------------------------------------------
     def _count(self, name: str, k: int = 1) -> None:

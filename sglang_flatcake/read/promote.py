@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..store_core import StoreCore
+from .read_lease import ReadLease
 
-def promote_shared(table, meta, need: int, counters, lease, out: np.ndarray, hits: int) -> None:
-    """Promote the shared blocks among the first ``hits`` of ``lease`` (bytes in ``out``)."""
-    with meta:
+
+def promote_shared(core: StoreCore, lease: ReadLease, out: np.ndarray, hits: int) -> None:
+    """Promote the shared blocks among the first ``hits`` of ``lease`` (bytes in ``out``),
+    those ``core.config.shared_refcount`` or more sessions build on."""
+    need = core.config.shared_refcount
+    with core.locked() as table:
         by_session: dict[int, list[tuple[int, int]]] = {}
         for dest, sid, pos in lease.ssd:
             s = table.sessions.get(sid)
@@ -34,4 +39,4 @@ def promote_shared(table, meta, need: int, counters, lease, out: np.ndarray, hit
             table.arena.buf[slots] = out[dests].reshape(len(dests), -1)
             table.index_memory(table.sessions[sid], lease.digests[dests], slots,
                                [p for _, p in blocks])
-            counters["promoted_blocks"] += len(slots)
+            core.count("promoted_blocks", len(slots))

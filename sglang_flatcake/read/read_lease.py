@@ -1,7 +1,8 @@
 """The read lease: one pinned view of the store for one read, whatever reads it.
 
-``FlatCakeStore.read_lease(keys)`` resolves the leading stored run of ``keys``
-under the store's lock and pins every session it touches; the lease holds:
+``open_lease(core, keys)`` (what ``FlatCakeStore.read_lease`` runs) resolves the
+leading stored run of ``keys`` under the store core's lock and pins every session it
+touches (``StoreCore.pin``); the lease holds:
 
 - ``n``: the leading run found in the index (blocks ``0 .. n-1``);
 - ``memory``: ``(dest, arena slot)`` of the blocks in the host arena;
@@ -10,20 +11,29 @@ under the store's lock and pins every session it touches; the lease holds:
 
 Contract: the pins last until ``release()`` (or the end of a ``with`` block);
 until then reclaim cannot free a byte the lease points at.  ``release`` is
-idempotent.  ``record(...)`` adds one finished read to the store's counters,
-under the store's lock, once per lease (``store.get``, ``restore_to_slots`` and
+idempotent.  ``record(...)`` adds one finished read to the store's counters
+(``StoreCore.count_many``), once per lease (``store.get``, ``restore_to_slots`` and
 the replay system all count the same way).  The lease never does I/O.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Sequence
 
 import numpy as np
 
+from ..store_core import StoreCore
 from .planner import ReadPlan, SegmentRead, empty_plan, plan_reads
+from .resolve import resolve
+
+
+def open_lease(core: StoreCore, keys: Sequence[str]) -> "ReadLease":
+    """Resolve and pin the leading stored run of ``keys`` for one read."""
+    res = resolve(core, keys, pin=True)
+    return ReadLease(res.n, res.digests, res.memory, res.ssd, res.reads, res.sessions,
+                     core.arena.buf, core.layout.block_layer_bytes, core.config.alignment,
+                     core.config.merge_gap_bytes, core)
 
 
 @dataclass
@@ -38,10 +48,9 @@ class ReadLease:
     block_layer_bytes: int
     alignment: int
     merge_gap: int
-    _lock: threading.RLock = field(repr=False, default_factory=threading.RLock)
-    _counters: dict = field(repr=False, default_factory=dict)
-    _unpin: Callable[[set], None] | None = field(repr=False, default=None)
+    core: StoreCore | None = field(repr=False, default=None)   # holds the pins, counts
     _recorded: bool = field(repr=False, default=False)
+    _released: bool = field(repr=False, default=False)
 
     # -- what the lease points at ------------------------------------------------------
     @property
@@ -70,7 +79,7 @@ class ReadLease:
     # -- accounting and release --------------------------------------------------------
     def record(self, plan: ReadPlan, hits: int, checksum_failures: int = 0,
                read_error: bool = False) -> None:
-        """Count one finished read of this lease (the store's read counters, under its lock).
+        """Count one finished read of this lease (the store core's read counters).
 
         ``hits`` leading blocks were delivered; a ``read_error`` read delivered none and
         counts only in ``read_errors``.
@@ -79,24 +88,22 @@ class ReadLease:
             raise RuntimeError("this read lease was already recorded")
         self._recorded = True
         mem = self.memory_hits(hits)
-        with self._lock:
-            c = self._counters
-            if read_error:
-                c["read_errors"] += 1
-                return
-            c["read_commands"] += plan.read_commands
-            c["bytes_read"] += plan.bytes_read
-            c["bytes_wanted"] += plan.bytes_wanted
-            c["bytes_gap"] += plan.gap_bytes
-            c["checksum_failures"] += checksum_failures
-            c["memory_blocks_read"] += mem
-            c["ssd_blocks_read"] += hits - mem
+        if self.core is None:
+            return
+        if read_error:
+            self.core.count("read_errors")
+            return
+        self.core.count_many({
+            "read_commands": plan.read_commands, "bytes_read": plan.bytes_read,
+            "bytes_wanted": plan.bytes_wanted, "bytes_gap": plan.gap_bytes,
+            "checksum_failures": checksum_failures, "memory_blocks_read": mem,
+            "ssd_blocks_read": hits - mem})
 
     def release(self) -> None:
         """Drop the pins (a no-op the second time)."""
-        unpin, self._unpin = self._unpin, None
-        if unpin is not None:
-            unpin(self.sessions)
+        released, self._released = self._released, True
+        if not released and self.core is not None:
+            self.core.unpin(self.sessions)
 
     def __enter__(self) -> "ReadLease":
         return self

@@ -1,10 +1,10 @@
 """Resolve keys to where their blocks are: the first step of every read.
 
-``resolve(table, keys, pin)`` looks the leading stored run of ``keys`` up in the
-index and groups its SSD blocks by segment (``SegmentRead``), under the store's
-``_meta`` lock, which the caller passes in.  With ``pin`` every session touched gets
-one more reader (and its ``last_used`` refreshed): the caller owns those pins and
-gives them back through ``unpin`` (``ReadLease.release``).  No I/O.
+``resolve(core, keys, pin)`` looks the leading stored run of ``keys`` up in the
+index and groups its SSD blocks by segment (``SegmentRead``), under the store core's
+lock (``StoreCore.locked``).  With ``pin`` every session touched gets one more pin
+(``StoreCore.pin``, its ``last_used`` refreshed): the caller owns those pins and gives
+them back through ``StoreCore.unpin`` (``ReadLease.release``).  No I/O.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .. import address as addr
 from ..address import Medium
 from ..keys import key_digests
 from ..sessions import Segment
+from ..store_core import StoreCore
 from .planner import SegmentRead
 
 
@@ -32,9 +33,9 @@ class Resolved:
     sessions: set[int] = field(default_factory=set)
 
 
-def resolve(table, meta, keys: Sequence[str], pin: bool) -> Resolved:
+def resolve(core: StoreCore, keys: Sequence[str], pin: bool) -> Resolved:
     dig = key_digests(keys)
-    with meta:
+    with core.locked() as table:
         a, found = table.index.lookup_digests(dig)
         miss = np.nonzero(~found)[0]
         n = int(miss[0]) if len(miss) else len(keys)
@@ -62,17 +63,5 @@ def resolve(table, meta, keys: Sequence[str], pin: bool) -> Resolved:
             res.reads.append(SegmentRead(path, off, seg.geometry, ix,
                                          np.asarray(dest, np.int64), seg.checksums[:, ix]))
         if pin:
-            now = time.time()
-            for sid in res.sessions:
-                table.sessions[sid].readers += 1
-                table.sessions[sid].last_used = now
+            core.pin(res.sessions, now=time.time())
     return res
-
-
-def unpin(table, meta, sids: set[int]) -> None:
-    """Give back one reader pin on each of ``sids`` (a session dropped since: skipped)."""
-    with meta:
-        for sid in sids:
-            s = table.sessions.get(sid)
-            if s is not None:
-                s.readers -= 1

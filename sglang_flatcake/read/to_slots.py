@@ -18,6 +18,7 @@ import numpy as np
 
 from . import device as dv
 from ..errors import IOEngineError
+from .read_lease import open_lease
 from .scatter import scatter_layer, warm_up
 from .window import LayerWindow, RestoreStats
 
@@ -115,7 +116,7 @@ def restore_through_window(store, keys: Sequence[str], dest_k, dest_v, slot_indi
                          f"{'cpu' if dev is None else dev.name} memory")
     verify = store.config.verify_reads if verify is None else verify
     own = None
-    with store.read_lease(keys) as lease:
+    with open_lease(store.core, keys) as lease:
         plan = lease.plan()
         if plan.commands and window is None:
             per_layer = np.bincount(plan.command_layer, weights=[c.length for c in plan.commands])

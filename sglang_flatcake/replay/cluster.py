@@ -50,6 +50,15 @@ class _NodeReplayer(Replayer):
     def _arrive(self, r: Request) -> None:
         self.cluster.arrive(r)
 
+    def admit(self, r: Request) -> None:
+        """Take ``r``, routed here, into this node's queue (the replayer's own arrival)."""
+        super()._arrive(r)
+
+    @property
+    def finished(self) -> int:
+        """Requests of this node that have finished."""
+        return self._done
+
     def _prefilled(self, rs: RequestState) -> None:
         self._children[rs.req.rid] = self.cluster.children.pop(rs.req.rid, [])
         super()._prefilled(rs)
@@ -74,7 +83,7 @@ class ClusterReplay:
     def arrive(self, r: Request) -> None:
         k = self.router.route(r, self.loop.now)
         self.node_of[r.rid] = k
-        Replayer._arrive(self.lanes[k], r)
+        self.lanes[k].admit(r)
 
     def run(self) -> tuple[list[RequestState], list[int]]:
         for r in self.trace.requests:
@@ -84,7 +93,7 @@ class ClusterReplay:
                 self.children.setdefault(r.parent, []).append(r)
         self.loop.run()
         n = len(self.trace.requests)
-        done = sum(lane._done for lane in self.lanes)
+        done = sum(lane.finished for lane in self.lanes)
         if done != n:
             raise RuntimeError(f"cluster replay stalled with {n - done} of {n} requests "
                                "unfinished (a restore never reported done)")

@@ -3,6 +3,7 @@ and the state the nodes share."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
@@ -72,7 +73,7 @@ class ClusterNode(FlatCake):
         out = owner.store.alloc_blocks(n)
         plan = r.lease.plan()
         bad = np.zeros(n, dtype=bool)
-        fut = owner._threads.submit(owner._execute, r, plan, out, bad)   # the owner's real read
+        fut = owner.read_for(r, plan, out, bad)   # the owner's real read
         c = self.cluster
         c.counters.remote_restores += 1
         c.counters.owner_real_bytes_read += plan.bytes_read
@@ -83,6 +84,11 @@ class ClusterNode(FlatCake):
             self._join(rs, fut)
             self._restored(rs, done)
         owner.link.submit(c.remote.seconds(full), finish, "read", full)
+
+    def read_for(self, r: _Remote, plan, out: np.ndarray, bad: np.ndarray) -> Future:
+        """Run another node's restore ``r`` from this node's store on its restore threads
+        (memory copies and SSD reads into ``out``); the future gives ``(hits, from_memory)``."""
+        return self._threads.submit(self._execute, r, plan, out, bad)
 
     def begin_prefill(self, rs: RequestState) -> None:
         r = rs.sys

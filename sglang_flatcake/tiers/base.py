@@ -6,7 +6,7 @@ The store talks to its SSD tier only through ``SSDTier``; two media implement it
 space is a list of fixed-size extents; a session offset (where its segments sit) is
 ``index * extent_bytes + r`` of its ``index``-th extent, and every extent has a number
 in one flat 48-bit space, so a block's SSD address is ``extent * extent_bytes + r``
-(``ExtentMap``).  The store holds its ``_meta`` lock around every call but ``load``,
+(``ExtentMap``).  The store core's lock (``StoreCore.locked``) is held around all but ``load``,
 ``write_segment`` and ``zero_at``, which do I/O outside it.
 """
 

@@ -85,7 +85,7 @@ class RegionFiles(SSDTier):
     # ---------------------------------------------------------------- medium
     def _open_layout(self) -> None:
         a = self.config.alignment
-        two = self._read(0, 2 * a) if self.medium.size >= 2 * a else b""
+        two = self.read_meta(0, 2 * a) if self.medium.size >= 2 * a else b""
         got = rm.decode_super(two[:a]) or rm.decode_super(two[a:])
         manifest = store_manifest(self.layout, self.config.alignment)
         if got is not None:
@@ -125,7 +125,7 @@ class RegionFiles(SSDTier):
             return
         good = np.frombuffer(two[(set(copies) - set(bad)).pop():][:a], np.uint8)
         for o in bad:
-            self._write(o, good.copy(), 0, self.geo.journal_off)
+            self.write_meta(o, good.copy(), 0, self.geo.journal_off)
         self.engine.sync(self.path_)
 
     def _format(self, manifest: dict) -> None:
@@ -136,10 +136,11 @@ class RegionFiles(SSDTier):
                 f"{self.path_}: a region of {self.medium.size} bytes is too small: the metadata "
                 f"area takes {geo.data_off} bytes and one extent {geo.extent_bytes} more")
         self.geo, self.uuid = geo, secrets.token_bytes(16)
-        self._write(geo.journal_off, np.zeros(geo.ckpt_off[1] + a - geo.journal_off, np.uint8), 0)
+        self.write_meta(geo.journal_off,
+                        np.zeros(geo.ckpt_off[1] + a - geo.journal_off, np.uint8), 0)
         sb = rm.encode_super(geo, self.uuid, self.medium.block_size, manifest)
         for off in (0, a):                            # the superblock and its copy
-            self._write(off, sb, 0, geo.journal_off)
+            self.write_meta(off, sb, 0, geo.journal_off)
         self.engine.sync(self.path_)
         self.short_bytes = 0
         self.fresh_sid = rm.new_sid_base()
@@ -151,7 +152,8 @@ class RegionFiles(SSDTier):
             self.engine.forget(self.path_)
             os.unlink(self.path_)
 
-    def _read(self, off: int, n: int) -> bytes:
+    def read_meta(self, off: int, n: int) -> bytes:
+        """``n`` bytes of the region at ``off`` (metadata, headers); ``IOEngineError``."""
         buf = self.engine.alloc(n)
         self.engine.read([ReadCommand(self.path_, off, n)], [buf])
         return buf.tobytes()
@@ -163,8 +165,10 @@ class RegionFiles(SSDTier):
             raise FlatCakeError(f"refused write of {n} bytes at {off} of {self.path_}: "
                                 f"outside [{lo}, {hi}) or read-only")
 
-    def _write(self, off: int, data: np.ndarray, lo: int, hi: int | None = None) -> None:
-        """The only way metadata reaches the medium (segments go through ``_check`` too)."""
+    def write_meta(self, off: int, data: np.ndarray, lo: int, hi: int | None = None) -> None:
+        """Write ``data`` at ``off``, inside ``[lo, hi)`` of the region (``FlatCakeError``
+        otherwise, or when read-only): the only way metadata reaches the medium (segments
+        go through ``_check`` too)."""
         self._check(off, data.nbytes, lo, hi)
         self.engine.write(self.path_, off, data)
 
@@ -172,7 +176,7 @@ class RegionFiles(SSDTier):
     def path(self, sid: int) -> str:
         return self.path_
 
-    def _runs(self, sid: int) -> list[tuple[int, int]]:
+    def runs(self, sid: int) -> list[tuple[int, int]]:
         """(logical start byte, logical end byte) of each physically contiguous run."""
         ex, out, E = self.map.extents(sid), [], self.extent_bytes
         for i, e in enumerate(ex):
@@ -186,12 +190,16 @@ class RegionFiles(SSDTier):
         return self.path_, self.geo.data_off + self.address(sid, offset)
 
     # ---------------------------------------------------------------- allocation
-    def open_session(self, s: Session, fsync: bool) -> None:
-        """Remember the lineage; it is made durable in the journal with the first run."""
+    def remember(self, s: Session) -> None:
+        """Keep ``s``'s lineage for the journal records of its runs (no I/O)."""
         self._lineage[s.sid] = s
 
+    def open_session(self, s: Session, fsync: bool) -> None:
+        """Remember the lineage; it is made durable in the journal with the first run."""
+        self.remember(s)
+
     def growth(self, sid: int, offset: int, nbytes: int) -> int:
-        if any(max(offset, a) + nbytes <= b for a, b in self._runs(sid)):
+        if any(max(offset, a) + nbytes <= b for a, b in self.runs(sid)):
             return 0
         return -(-nbytes // self.extent_bytes) * self.extent_bytes
 
@@ -199,7 +207,7 @@ class RegionFiles(SSDTier):
         """Where a segment of ``nbytes`` at (or after) ``offset`` goes, within one run;
         allocates a run (journalled, synced) when none has room.  ``NotStoredError``
         when the region is full (nothing changed)."""
-        E, runs = self.extent_bytes, self._runs(sid)
+        E, runs = self.extent_bytes, self.runs(sid)
         for a, b in runs:
             if max(offset, a) + nbytes <= b:
                 return max(offset, a)
@@ -258,7 +266,7 @@ class RegionFiles(SSDTier):
             raise NotStoredError("allocation journal full (a checkpoint is overdue)")
         a = self.config.alignment
         off = self.geo.journal_off + (rec.gen % self.geo.journal_slots) * a
-        self._write(off, rm.encode_record(rec, self.uuid, a), self.geo.journal_off,
+        self.write_meta(off, rm.encode_record(rec, self.uuid, a), self.geo.journal_off,
                     self.geo.journal_off + self.geo.journal_slots * a)
         if sync:
             self.engine.sync(self.path_)
@@ -277,7 +285,7 @@ class RegionFiles(SSDTier):
     def write_segment(self, sid: int, offset: int, geo: SegmentGeometry, digests, blocks, seq: int,
                       turn: int, first_pos: int, durable: bool) -> Segment:
         """Write one segment inside one of the session's runs (``ensure`` placed it)."""
-        run = [(a, b) for a, b in self._runs(sid) if a <= offset and offset + geo.total_bytes <= b]
+        run = [(a, b) for a, b in self.runs(sid) if a <= offset and offset + geo.total_bytes <= b]
         if not run:
             raise FlatCakeError(f"segment at {offset}+{geo.total_bytes} of session {sid} is not "
                                 "inside one of its runs")
@@ -287,8 +295,9 @@ class RegionFiles(SSDTier):
                                 turn, first_pos, durable, logical_offset=offset)
 
     def zero_at(self, sid: int, offset: int, nbytes: int) -> None:
-        if any(a <= offset and offset + nbytes <= b for a, b in self._runs(sid)):
-            self._write(self.io_at(sid, offset)[1], np.zeros(nbytes, np.uint8), self.geo.data_off)
+        if any(a <= offset and offset + nbytes <= b for a, b in self.runs(sid)):
+            self.write_meta(self.io_at(sid, offset)[1], np.zeros(nbytes, np.uint8),
+                            self.geo.data_off)
 
     def adopt(self, sid: int, size: int) -> None:
         """Nothing to do: recovery mapped the session's runs already."""
@@ -323,7 +332,7 @@ class RegionFiles(SSDTier):
         buf = rm.encode_checkpoint(ck, self.layout, self.config.alignment, FORMAT_VERSION,
                                    self.uuid, self.geo.ckpt_bytes)
         off = self.geo.ckpt_off[ck.seq % 2]
-        self._write(off, buf, off, off + self.geo.ckpt_bytes)
+        self.write_meta(off, buf, off, off + self.geo.ckpt_bytes)
         self.engine.sync(self.path_)
         self.ckpt_seq, self.ckpt_gen, self.segments_since = ck.seq, ck.gen, 0
 

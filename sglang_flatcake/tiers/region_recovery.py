@@ -26,7 +26,7 @@ def newest_checkpoint(t, rep: Counter) -> rm.Checkpoint | None:
     a = t.config.alignment
     heads = []
     for off in t.geo.ckpt_off:
-        h = rm.checkpoint_header(t._read(off, a), t.uuid)
+        h = rm.checkpoint_header(t.read_meta(off, a), t.uuid)
         if h is None:
             continue
         diffs = rm.layout_matches(h, t.layout, a, FORMAT_VERSION)
@@ -38,7 +38,7 @@ def newest_checkpoint(t, rep: Counter) -> rm.Checkpoint | None:
         n = align_up(h["payload_bytes"], a)
         ck = None
         if a + n <= t.geo.ckpt_bytes:
-            ck = rm.decode_checkpoint(h, t._read(off + a, n) if n else b"")
+            ck = rm.decode_checkpoint(h, t.read_meta(off + a, n) if n else b"")
         if ck is not None:
             return ck
         rep["torn_checkpoints"] += 1
@@ -50,7 +50,7 @@ def journal_after(t, gen: int) -> tuple[list[rm.JournalRecord], list[int]]:
     hold a valid record numbered past those): the second are leftovers beyond a torn
     record, which new records would otherwise join as if current."""
     a, slots = t.config.alignment, t.geo.journal_slots
-    buf = t._read(t.geo.journal_off, slots * a)
+    buf = t.read_meta(t.geo.journal_off, slots * a)
     out = []
     for g in range(gen + 1, gen + 1 + slots):
         r = rm.decode_record(buf[(g % slots) * a:(g % slots + 1) * a], t.uuid)
@@ -73,7 +73,7 @@ def erase_slots(t, stale: list[int], rep: Counter) -> None:
     a = t.config.alignment
     lo, hi = t.geo.journal_off, t.geo.journal_off + t.geo.journal_slots * a
     for i in stale:
-        t._write(lo + i * a, np.zeros(a, np.uint8), lo, hi)
+        t.write_meta(lo + i * a, np.zeros(a, np.uint8), lo, hi)
     t.engine.sync(t.path_)
     rep["stale_journal_records"] += len(stale)
 
@@ -96,17 +96,17 @@ def _header_at(t, sid: int, off: int, end: int):
     phys = t.io_at(sid, off)[1]
     if phys + a > t.medium.size:            # a file cut short: nothing past its end
         return None
-    first = t._read(phys, a)
+    first = t.read_meta(phys, a)
     hb = header_size_from_prefix(first)
     if hb is None or hb % a or off + hb > end or phys + hb > t.medium.size:
         return None
-    return decode_header(first if hb == a else t._read(phys, hb), t.layout, a, sid)
+    return decode_header(first if hb == a else t.read_meta(phys, hb), t.layout, a, sid)
 
 
 def _walk(t, s: Session, rep: Counter) -> None:
     """Append the segments written after the checkpoint, stopping at the first torn one."""
     a = t.config.alignment
-    runs = t._runs(s.sid)
+    runs = t.runs(s.sid)
     off, seq = s.write_offset, s.next_seq
     while True:
         cur = next(((x, y) for x, y in runs if x <= off < y), None)
@@ -195,7 +195,7 @@ def recover(t, start_empty: bool):
                 _add(fresh, g)
             s = fresh
         _walk(t, s, rep)
-        t._lineage[sid] = s
+        t.remember(s)
         out.append(s)
         ends[sid] = (s.write_offset, limit)
         count_session(rep, s)

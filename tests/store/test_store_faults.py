@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.support import blocks_for, chain, extend
-from sglang_flatcake import FORMAT_VERSION
+from sglang_flatcake import FORMAT_VERSION, store_write
 from sglang_flatcake.config import FlatCakeConfig
 from sglang_flatcake.errors import (ConfigError, LayoutMismatchError, StoreClosedError,
                                     StoreCorruptError, UnsafeMediumError)
@@ -44,7 +44,7 @@ def restore(st, keys):
 
 def abandon(st):
     """What ``kill -9`` leaves: the store let go without its closing checkpoint."""
-    st._closed = True
+    st.core.checkpoint = lambda: None
     st.close()
 
 
@@ -252,7 +252,7 @@ def test_a_bad_label_is_refused_and_leaks_nothing(tmp_path, layout, medium):
     with FlatCakeStore(root, layout, cfg) as st:
         assert st.sessions[st.put(chain(1, "z"), blocks_for(layout, chain(1, "z")),
                                   signals=SSD).session]
-        assert "é" * 128 in st._by_label
+        assert "é" * 128 in st.table.by_label
     assert label_for("a" * 300).startswith("sha256:") and label_for("abc") == "abc"
     assert label_for("\udcff").startswith("sha256:") and len(label_for("b" * 999)) <= 256
 
@@ -335,12 +335,12 @@ def test_a_promotion_during_a_put_cannot_take_its_memory_slots(tmp_path, layout,
     with FlatCakeStore(root, layout, cfg) as st:
         st.put(base, blocks_for(layout, base), signals=SSD)
         st.put(fork, blocks_for(layout, fork), prefix_keys=base[:3], signals=SSD)  # 3 shared
-        real = st._write_segment
+        real = store_write.write_segment
 
         def write_then_read(*a, **kw):           # a reader's promotion lands mid-put
             restore(st, base)
             return real(*a, **kw)
-        monkeypatch.setattr(st, "_write_segment", write_then_read)
+        monkeypatch.setattr(store_write, "write_segment", write_then_read)
         r = st.put(x, blocks_for(layout, x), signals=[MEM, MEM, SSD])
         assert (r.stored, r.failed) == (3, 0)
         g, out = restore(st, x)
@@ -383,13 +383,13 @@ def test_close_waits_for_a_put_in_flight_then_refuses_the_next(tmp_path, layout,
     k = chain(3)
     st = FlatCakeStore(root, layout, cfg)
     writing, go, closed = threading.Event(), threading.Event(), threading.Event()
-    real = st._write_segment
+    real = store_write.write_segment
 
     def slow_write(*a, **kw):
         writing.set()
         go.wait()
         return real(*a, **kw)
-    monkeypatch.setattr(st, "_write_segment", slow_write)
+    monkeypatch.setattr(store_write, "write_segment", slow_write)
     res = []
     w = threading.Thread(target=lambda: res.append(st.put(k, blocks_for(layout, k), signals=SSD)))
     w.start()

@@ -62,7 +62,7 @@ def test_a_planted_symlink_is_never_written_through(tmp_path, layout):
     keys = chain(3)
     with FlatCakeStore(root, layout, cfg) as st:
         assert st.put(keys, blocks_for(layout, keys), signals=SSD).stored == 3
-        sid = st._next_sid             # the next session's manifest and file, planted
+        sid = st.table.next_sid            # the next session's manifest and file, planted
         os.symlink(victim, st.ssd.manifest_path(sid).with_suffix(".json.tmp"))
         os.symlink(victim, st.ssd.path(sid))
         more = chain(3, "more")

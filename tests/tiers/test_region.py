@@ -85,7 +85,7 @@ class RegionContract:
             sa = st.put(a, blocks_for(layout, a), signals=SSD).session
             st.put(b, blocks_for(layout, b), signals=SSD)
             st.put(a2, blocks_for(layout, a2), prefix_keys=a, signals=SSD)
-            runs = st.ssd._runs(sa)
+            runs = st.ssd.runs(sa)
             assert len(runs) == 2, "a's second run is not adjacent to its first"
             assert st.sessions[sa].segments[1].offset == runs[1][0], "padding, then the next run"
         with self.open(tmp_path, layout, region) as st:
@@ -342,9 +342,9 @@ def test_no_write_ever_lands_outside_the_region(tmp_path, layout):
         assert st.stats()["reclaimed_sessions"] >= 1
         size, data_off = st.ssd.geo.region_bytes, st.ssd.geo.data_off
         with pytest.raises(FlatCakeError, match="outside"):
-            st.ssd._write(size - 4096, np.zeros(8192, np.uint8), data_off)
+            st.ssd.write_meta(size - 4096, np.zeros(8192, np.uint8), data_off)
         with pytest.raises(FlatCakeError, match="outside"):
-            st.ssd._write(0, np.zeros(4096, np.uint8), data_off)   # metadata is not data
+            st.ssd.write_meta(0, np.zeros(4096, np.uint8), data_off)   # metadata is not data
     assert writes and {p for p, _, _ in writes} == {str(region)}
     assert all(0 <= off and off + n <= size for _, off, n in writes)
     assert os.path.getsize(region) == 10 * MiB, "the file never grew"
