@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from conftest import blocks_for, chain
+from tests.support import blocks_for, chain
 
 import sglang_flatcake
 from sglang_flatcake.errors import StoreClosedError

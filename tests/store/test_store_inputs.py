@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import blocks_for, chain
+from tests.support import blocks_for, chain
 
 from sglang_flatcake.placement import WriteSignals
 from sglang_flatcake.store import FlatCakeStore
