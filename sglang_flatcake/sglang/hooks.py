@@ -134,6 +134,11 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "sglang.srt.observability.metrics_collector.StorageMetrics": (
         "prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth"),
     "sglang.srt.mem_cache.storage.backend_factory.StorageBackendFactory": ("register_backend",),
+    "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController": (
+        "parse_storage_backend_extra_config",),
+    "sglang.srt.server_args.ServerArgs": (
+        "hicache_storage_backend", "hicache_storage_backend_extra_config", "device",
+        "hicache_io_backend", "hicache_mem_layout"),
     "sglang.srt.arg_groups.hicache_hook": ("declare_resolution", "resolving_view"),
 }
 
@@ -282,7 +287,9 @@ def check(hooks: tuple[Hook, ...] = HOOKS, members: dict | None = None) -> list[
 
 def check_or_exit(hooks: tuple[Hook, ...] = HOOKS, members: dict | None = None) -> None:
     """``check``; on a mismatch print one line (the first problem, the SGLang version, how many
-    more) and stop the process with status 2, before a single hook is registered."""
+    more) and stop the process with status 2, before a single hook is registered.
+    ``SystemExit``, because SGLang's ``load_plugins`` catches (and only logs) an ``Exception``
+    from a plugin."""
     problems = check(hooks, members)
     if not problems:
         return
