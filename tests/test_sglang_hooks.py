@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_flatcake.sglang import hooks
+from sglang_flatcake.sglang import hooks, hooks_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTER = ROOT / "sglang_flatcake" / "sglang"
@@ -21,8 +21,8 @@ ADAPTER = ROOT / "sglang_flatcake" / "sglang"
 
 def test_the_doc_is_the_table():
     """docs/sglang-hooks.md is generated from the table; regenerate it when this fails:
-    ``python -m sglang_flatcake.sglang.hooks > docs/sglang-hooks.md``."""
-    assert (ROOT / hooks.DOC_PATH).read_text() == hooks.render_doc()
+    ``python -m sglang_flatcake.sglang.hooks_doc > docs/sglang-hooks.md``."""
+    assert (ROOT / hooks_doc.DOC_PATH).read_text() == hooks_doc.render_doc()
 
 
 def test_patches_readme_points_to_the_doc():
