@@ -23,10 +23,13 @@ def test_flatcake_gauges_reach_the_servers_metrics(tmp_path):
     with ServerProcess(args, log_path=str(tmp_path / "s.log")) as s:
         s.post("/generate", {"input_ids": list(range(2, 2 + 4 * PAGE)),
                              "sampling_params": {"temperature": 0, "max_new_tokens": 2}})
-        wait_until(lambda: prometheus(s, "flatcake_sessions").get("flatcake_sessions", 0) >= 1,
-                   180, "flatcake_sessions >= 1 in /metrics")
+        def polled():            # SGLang polls get_stats on its own; each poll sets the gauges
+            m = prometheus(s, "flatcake_")
+            return m.get("flatcake_sessions", 0) >= 1 and m.get("flatcake_metrics_gauges", 0) > 0
+        wait_until(polled, 180, "flatcake_sessions >= 1 in /metrics")
         m = prometheus(s, "flatcake_")
         text = s.get("/metrics")
     assert m["flatcake_metrics_enabled"] == 1.0 and m["flatcake_metrics_export_errors"] == 0
+    assert m["flatcake_metrics_gauges"] > 10              # as of the export before the last
     assert m["flatcake_blocks_ssd"] + m["flatcake_blocks_memory"] >= 4
     assert 'flatcake_sessions{store="' in text and "tp0of1" in text

@@ -101,7 +101,7 @@ def test_two_backends_keep_their_own_gauges(tmp_path):
     keys = chain(3, "m")
     a.batch_set_v1(keys, torch.arange(3 * PS), hs.HiCacheStorageExtraInfo(prefix_keys=[]))
     sa, sb = a.get_stats().flatcake, b.get_stats().flatcake
-    assert sa["metrics"]["gauges"] > 0 and sa["metrics"]["export_errors"] == 0
+    assert a.metrics.state()["gauges"] > 0 and a.metrics.state()["export_errors"] == 0
     blocks = lambda be: be.metrics._registry.get_sample_value(          # noqa: E731
         "flatcake_sessions", {"store": str(be.dir)})
     assert blocks(a) == sa["sessions"] == 1 and blocks(b) == sb["sessions"] == 0

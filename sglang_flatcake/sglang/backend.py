@@ -275,8 +275,8 @@ class FlatCakeStorage(HiCacheStorage):
         st["signals"] = self.board.stats()
         if self.cluster is not None:
             st["cluster"] = self.cluster.stats()
+        st["metrics"] = self.metrics.state()      # as of the previous export
         self.metrics.export(st)
-        st["metrics"] = self.metrics.state()
         return self._metrics_type(flatcake=st)
 
     def close(self) -> None:
