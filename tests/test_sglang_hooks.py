@@ -195,3 +195,17 @@ def test_launch_server_with_a_typo_prints_one_line_not_the_usage(tmp_path):
     assert r.returncode == 2
     assert "did you mean --flatcake-high-watermark?" in r.stderr
     assert "usage:" not in r.stderr and len(r.stderr.splitlines()) < 20, r.stderr[-3000:]
+
+
+# -- flatcake patch reads the same table ------------------------------------------------------
+
+def test_flatcake_patch_checks_the_table(capsys, monkeypatch):
+    pytest.importorskip("sglang.srt.managers.scheduler")
+    from sglang_flatcake.commands import patch
+    assert patch.run(dry_run=True) == 0
+    assert f"all {len(hooks.HOOKS)} hook targets resolve" in capsys.readouterr().out
+    monkeypatch.setattr(hooks, "check", lambda: ["hook target a.B.c is missing", "x.Y.z is "
+                                                 "missing (flatcake reads it)"])
+    assert patch.run(dry_run=True) == 2
+    out = capsys.readouterr().out
+    assert "  hook target a.B.c is missing\n  x.Y.z is missing" in out
