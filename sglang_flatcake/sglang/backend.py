@@ -26,25 +26,21 @@ from ..private_fs import private_dir
 from ..placement import WriteSignals
 from ..store import FlatCakeStore
 from ..store_checks import label_for
-from . import signals as signal_board
+from .metrics import MetricsExporter
 from .pages import HostPages
+from .signals import Counters, SignalBoard
+from .write_once import WriteOnce
 
 log = logging.getLogger("sglang_flatcake")
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 
-def _metrics_type():
-    """SGLang's ``StorageMetrics`` (its collector asserts the type), plus a ``flatcake`` dict."""
-    try:
-        from sglang.srt.observability.metrics_collector import StorageMetrics
-    except Exception:  # a partial sglang install: same fields, standalone
-        @dataclass
-        class StorageMetrics:  # type: ignore[no-redef]
-            prefetch_pgs: list = field(default_factory=list)
-            backup_pgs: list = field(default_factory=list)
-            prefetch_bandwidth: list = field(default_factory=list)
-            backup_bandwidth: list = field(default_factory=list)
+def metrics_type() -> type:
+    """SGLang's ``StorageMetrics`` (its collector asserts the type) plus a ``flatcake`` dict.
+    Raises ``ImportError`` when SGLang has no ``StorageMetrics``: checked at start
+    (``hooks.MEMBERS``), never replaced by a look-alike."""
+    from sglang.srt.observability.metrics_collector import StorageMetrics
 
     @dataclass
     class FlatCakeMetrics(StorageMetrics):
@@ -52,8 +48,6 @@ def _metrics_type():
 
     return FlatCakeMetrics
 
-
-_METRICS = None
 
 # keys SGLang itself puts into extra_config, which are not flatcake settings
 _SGLANG_KEYS = {"file_storage_path", "backend_name", "module_path", "class_name", "interface_v1",
@@ -98,13 +92,13 @@ def check_writable(root: str) -> None:
 
 def rank_dir(root: str, cfg: Any) -> Path:
     """The folder one rank owns: ``root/<model>/tp<rank>of<size>[_pp..][_dp..][_cp..]``."""
-    model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(getattr(cfg, "model_name", None) or "model"))[-80:]
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(cfg.model_name or "model"))[-80:]
     parts = [f"tp{cfg.tp_rank}of{cfg.tp_size}"]
-    if getattr(cfg, "pp_size", 1) > 1:
+    if cfg.pp_size > 1:
         parts.append(f"pp{cfg.pp_rank}of{cfg.pp_size}")
-    if getattr(cfg, "attn_cp_size", 1) > 1:
+    if cfg.attn_cp_size > 1:
         parts.append(f"cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}")
-    if getattr(cfg, "dp_rank", 0):
+    if cfg.dp_rank:
         parts.append(f"dp{cfg.dp_rank}")
     return Path(root) / model / "_".join(parts)
 
@@ -112,8 +106,8 @@ def rank_dir(root: str, cfg: Any) -> Path:
 def rank_ssd_path(path: str, cfg: Any) -> str:
     """This rank's device or file: ``{rank}`` in ``path`` becomes the global rank number, or
     a comma list gives one path per rank; one plain path serves a single rank only."""
-    rank = (getattr(cfg, "pp_rank", 0) or 0) * cfg.tp_size + cfg.tp_rank
-    ranks = cfg.tp_size * (getattr(cfg, "pp_size", 1) or 1)
+    rank = cfg.pp_rank * cfg.tp_size + cfg.tp_rank
+    ranks = cfg.tp_size * cfg.pp_size
     if "{rank}" in path:
         return path.replace("{rank}", str(rank))
     parts = [p.strip() for p in path.split(",")]
@@ -133,7 +127,7 @@ class FlatCakeStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, mem_pool_host: Any = None) -> None:
         self.storage_config = storage_config
-        self.config, rest = config_from_extra(getattr(storage_config, "extra_config", None))
+        self.config, rest = config_from_extra(storage_config.extra_config)
         if storage_config.is_mla_model and storage_config.tp_size > 1:
             raise ConfigError(
                 "flatcake: MLA models with --tp-size > 1 are not supported yet (only one rank "
@@ -148,13 +142,19 @@ class FlatCakeStorage(HiCacheStorage):
         self.store: Optional[FlatCakeStore] = None
         self.pages: Optional[HostPages] = None
         self.mem_pool_host = None
+        # this backend's own state (two backends in one process share none of it)
+        self.board = SignalBoard()                 # write-time signals, posted by the hooks
+        self.write_once = WriteOnce()              # storage backups skipped (write_once.py)
+        self.metrics = MetricsExporter(storage_config.enable_storage_metrics, str(self.dir))
+        self._metrics_type = metrics_type()
         # reads that went through SGLang's host pool (0 while the scheduler restores directly)
-        self.host_pool_gets = 0
-        self.host_pool_bytes_for_ssd_hits = 0
+        self.host_pool = Counters("gets", "bytes_for_ssd_hits")
         self.direct_counters: dict = {}            # filled by ``direct.DirectRestorer``
+        # the scheduler's flatcake state (``scheduling.state_of``): None until the first
+        # request, False when the direct path cannot serve this scheduler
+        self.scheduling = None
         self.cluster = None                        # a ``cluster.node.ClusterNode`` when joined
-        if self.config.cluster_directory and \
-                storage_config.tp_size * (getattr(storage_config, "pp_size", 1) or 1) > 1:
+        if self.config.cluster_directory and storage_config.tp_size * storage_config.pp_size > 1:
             raise ConfigError(f"--flatcake-cluster-directory={self.config.cluster_directory!r}: "
                               f"a cluster node runs with one rank for now (--tp-size 1, "
                               f"--pp-size 1)")
@@ -171,9 +171,8 @@ class FlatCakeStorage(HiCacheStorage):
             else "mha"
         buffers = ([mem_pool_host.kv_buffer] if kind == "mla"
                    else [mem_pool_host.k_buffer, mem_pool_host.v_buffer])
-        layer_num = getattr(mem_pool_host, "layer_num", None) or buffers[0].shape[1]
         self.pages = HostPages(buffers, mem_pool_host.layout, mem_pool_host.page_size,
-                               int(layer_num), kind)
+                               int(mem_pool_host.layer_num), kind)
         self.store = FlatCakeStore(self.dir, self.pages.kv_layout, self.config)
         if self.config.cluster_directory:
             from ..cluster.node import ClusterNode
@@ -191,19 +190,19 @@ class FlatCakeStorage(HiCacheStorage):
             return []
         out = self.store.alloc_blocks(len(keys))
         res = self.store.get(keys, out)
-        self.host_pool_gets += 1
-        self.host_pool_bytes_for_ssd_hits += res.from_ssd * self.store.layout.block_bytes
+        self.host_pool.add("gets")
+        self.host_pool.add("bytes_for_ssd_hits", res.from_ssd * self.store.layout.block_bytes)
         self.pages.scatter(host_indices, out, res.hits)
-        signal_board.BOARD.note_read(res)
+        self.board.note_read(res)
         return [i < res.hits for i in range(len(keys))]
 
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         if not keys:
             return []
-        prefix = list(getattr(extra_info, "prefix_keys", None) or [])
+        prefix = list(extra_info.prefix_keys or []) if extra_info is not None else []
         blocks = self.pages.gather(host_indices)
         sigs = self._signals(keys, prefix)
-        seen = signal_board.BOARD.lookup(keys[0])
+        seen = self.board.lookup(keys[0])
         label = label_for(seen.session_id) if seen is not None else ""
         res = self.store.put(keys, blocks, prefix_keys=prefix, signals=sigs, label=label)
         ok = res.stored + res.existing
@@ -219,7 +218,7 @@ class FlatCakeStorage(HiCacheStorage):
         the context that existed before the operation (see ``signals``).
         """
         ps = self.pages.kv_layout.page_tokens
-        op = signal_board.BOARD.op_state()
+        op = self.board.op_state()
         if op is not None and "turn" in op:
             turn, prev, ctx = op["turn"], op["prev"], op["ctx"]
         else:
@@ -231,7 +230,7 @@ class FlatCakeStorage(HiCacheStorage):
                 op.update(turn=turn, prev=prev, ctx=ctx)
         out = []
         for k in keys:
-            seen = signal_board.BOARD.lookup(k)
+            seen = self.board.lookup(k)
             ref = seen.refcount if seen is not None else 1
             out.append(WriteSignals(refcount=ref, turn=turn, context_tokens=ctx,
                                     prev_reply_tokens=prev))
@@ -259,22 +258,26 @@ class FlatCakeStorage(HiCacheStorage):
         if self.store is not None:
             self.store.clear()
 
+    @property
+    def host_pool_gets(self) -> int:
+        """``batch_get_v1`` calls so far (reads through SGLang's host pool)."""
+        return self.host_pool["gets"]
+
     def get_stats(self):
+        """SGLang's ``StorageMetrics`` with everything this backend owns under ``flatcake``;
+        also sets the ``flatcake_*`` gauges when storage metrics are on."""
         st = self.store.stats() if self.store is not None else {}
-        st["host_pool_gets"] = self.host_pool_gets
-        st["host_pool_bytes_for_ssd_hits"] = self.host_pool_bytes_for_ssd_hits
+        pool = self.host_pool.snapshot()
+        st["host_pool_gets"] = pool["gets"]
+        st["host_pool_bytes_for_ssd_hits"] = pool["bytes_for_ssd_hits"]
         st["direct"] = dict(self.direct_counters)
-        from .write_once import COUNTERS as write_once
-        st["write_once"] = dict(write_once)
-        board = signal_board.BOARD
-        st["signals"] = {**board.reads, "failures": board.signal_failures}
+        st["write_once"] = self.write_once.counters.snapshot()
+        st["signals"] = self.board.stats()
         if self.cluster is not None:
             st["cluster"] = self.cluster.stats()
-        signal_board.BOARD.publish(st)
-        global _METRICS
-        if _METRICS is None:
-            _METRICS = _metrics_type()
-        return _METRICS(flatcake=st)
+        st["metrics"] = self.metrics.state()      # as of the previous export
+        self.metrics.export(st)
+        return self._metrics_type(flatcake=st)
 
     def close(self) -> None:
         if self.cluster is not None:

@@ -1,7 +1,8 @@
 """What makes SGLang 0.5.23's HiCache run on a CPU server, as runtime hooks.
 
-Every hook is a no-op when CUDA (or another accelerator SGLang supports) is
-present, so nothing changes on a GPU:
+The hooks (``cpu_only`` in ``hooks.HOOKS``) are registered only when neither CUDA
+nor XPU is present, so nothing changes on a GPU; when torch cannot say,
+``accelerator_present`` raises and the launch stops (no guess either way):
 
 1. ``HostKVCache.__init__``: no memory pinning without an accelerator (pinning
    calls ``cudaHostRegister``).
@@ -23,15 +24,21 @@ _OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf",
         "transfer_kv_all_layer_direct_lf_pf")
 
 
+class AcceleratorProbeError(RuntimeError):
+    """torch could not say whether CUDA or XPU is present: the CPU hooks are not installed on
+    a guess (they would turn off page pinning and the kernel I/O backend on a GPU)."""
+
+
 def accelerator_present() -> bool:
+    """Is CUDA (or XPU) usable?  ``AcceleratorProbeError`` when probing fails, never a guess."""
+    import torch
     try:
-        import torch
         if torch.cuda.is_available():
             return True
-        xpu = getattr(torch, "xpu", None)
-        return bool(xpu is not None and xpu.is_available())
-    except Exception:
-        return False
+        return bool(hasattr(torch, "xpu") and torch.xpu.is_available())
+    except (RuntimeError, AssertionError, OSError) as e:
+        raise AcceleratorProbeError(f"cannot tell whether an accelerator is present "
+                                    f"({type(e).__name__}: {e}); the CPU hooks stay off") from e
 
 
 # -- torch-native transfer ops (same signatures as sgl_kernel.kvcacheio) ----------
@@ -85,20 +92,19 @@ def _no_pin_before_init(*args, **kwargs):
 
 
 def _resolve_io_around(original, server_args, *a, **kw):
+    """After SGLang's resolution, ``--device cpu`` with the ``kernel`` I/O backend becomes
+    ``direct`` (and ``page_first`` becomes ``page_first_direct``).  The two SGLang functions
+    used are checked at start (``hooks.MEMBERS``); an error here stops the launch."""
+    from sglang.srt.arg_groups.hicache_hook import declare_resolution, resolving_view
     result = original(server_args, *a, **kw)
-    try:
-        from sglang.srt.arg_groups.hicache_hook import declare_resolution, resolving_view
-        cfg = resolving_view(server_args)
-        if (getattr(cfg, "device", None) == "cpu" and cfg.hicache_io_backend == "kernel"
-                and not accelerator_present()):
+    cfg = resolving_view(server_args)
+    if cfg.device == "cpu" and cfg.hicache_io_backend == "kernel" and not accelerator_present():
+        declare_resolution(server_args, "_resolve_layout_io_compatibility",
+                           hicache_io_backend="direct")
+        if cfg.hicache_mem_layout == "page_first":
             declare_resolution(server_args, "_resolve_layout_io_compatibility",
-                               hicache_io_backend="direct")
-            if cfg.hicache_mem_layout == "page_first":
-                declare_resolution(server_args, "_resolve_layout_io_compatibility",
-                                   hicache_mem_layout="page_first_direct")
-            log.info("flatcake: --device cpu: HiCache I/O backend resolved to direct")
-    except Exception as e:  # keep SGLang's own resolution if its internals moved
-        log.warning("flatcake: could not adjust the HiCache I/O backend for CPU: %s", e)
+                               hicache_mem_layout="page_first_direct")
+        log.info("flatcake: --device cpu: HiCache I/O backend resolved to direct")
     return result
 
 
@@ -119,13 +125,3 @@ def bind_cpu_transfer_ops() -> None:
         for op in _OPS:
             if not hasattr(mod, op):
                 setattr(mod, op, getattr(this, op))
-
-
-def register_cpu_hooks(registry, hook_type) -> None:
-    """Register the CPU hooks with SGLang's ``HookRegistry`` (no-ops on a GPU)."""
-    if accelerator_present():
-        return
-    registry.register("sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__",
-                      _no_pin_before_init, hook_type.BEFORE)
-    registry.register("sglang.srt.arg_groups.hicache_hook.resolve_layout_io_compatibility",
-                      _resolve_io_around, hook_type.AROUND)

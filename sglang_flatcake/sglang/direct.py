@@ -134,21 +134,21 @@ class DirectRestorer:
     def supported(scheduler) -> str | None:
         """Why the direct path cannot serve this scheduler, or None when it can."""
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-        tree = getattr(scheduler, "tree_cache", None)
+        tree = scheduler.tree_cache
         if not isinstance(tree, UnifiedRadixCache):
             return f"the tree cache is {type(tree).__name__}, not UnifiedRadixCache"
-        if len(getattr(tree, "tree_components", ())) > 1 or getattr(tree, "is_swa_enabled", False):
+        if len(tree.tree_components) > 1 or tree.is_swa_enabled:
             return "the tree has components besides full attention (SWA or Mamba)"
         mode = getattr(scheduler, "disaggregation_mode", None)
         if mode is not None and getattr(mode, "name", str(mode)).upper() != "NULL":
             return f"disaggregation mode {mode} (only colocated serving restores directly)"
-        if getattr(tree, "buffer_pipeline", None) is not None:
+        if tree.buffer_pipeline is not None:
             return "--hicache-mem-layout buffer_only stages by design"
         kv = scheduler.token_to_kv_pool_allocator.get_kvcache()
         if not (hasattr(kv, "k_buffer") or hasattr(kv, "kv_buffer")):
             return f"the device pool {type(kv).__name__} has no per-layer KV buffers"
         first = (kv.k_buffer if hasattr(kv, "k_buffer") else kv.kv_buffer)[0]
-        if getattr(first, "is_cuda", False):
+        if first.is_cuda:
             from ..io.kvikio_engine import kvikio_usable
             ok, why = kvikio_usable()
             if not ok:

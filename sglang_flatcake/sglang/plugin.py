@@ -1,26 +1,13 @@
-"""The ``sglang.srt.plugins`` entry point: every runtime hook flatcake needs, and why.
+"""The ``sglang.srt.plugins`` entry point: registers the hooks ``hooks.HOOKS`` lists.
 
 Registered in ``pyproject.toml`` as ``flatcake = "sglang_flatcake.sglang.plugin:register"``;
-SGLang's ``load_plugins()`` runs it in the launcher and in every scheduler process.
-
-Hooks (no source edit needed):
-
-- ``ServerArgs.add_cli_args`` (AFTER): adds ``flatcake`` to ``--hicache-storage-backend``'s
-  choices and the ``--flatcake-*`` flags (shown with their defaults in ``--help``).
-- ``ServerArgs.from_cli_args`` (AROUND): validates the ``--flatcake-*`` flags together with
-  any flatcake keys of ``--hicache-storage-backend-extra-config`` (a bad value stops the
-  launch with a message naming the flag; so does a store directory that cannot be
-  written), merges them into the extra config, and asks
-  SGLang for the prefix keys (``hicache_storage_pass_prefix_keys``) that session lineage needs.
-- ``StorageBackendFactory._create_builtin_backend`` (AROUND): builds ``FlatCakeStorage``
-  with the host pool; the backend itself is registered with ``register_backend``.
-- ``HiCacheController.attach_storage_backend`` (AFTER): selects the zero-copy v1 calls
-  (SGLang's list of v1 backends is hard-coded).
-- ``cpu.py`` and ``signals.py``: HiCache on a CPU server, and write-time signals
-  (``write_backup_storage``, ``_execute_and_commit_kv_backup``, ``write_storage``,
-  ``_page_backup``).
-- ``scheduling.py``: the two queues and the direct restore (``Scheduler._prefetch_kvcache``,
-  ``Scheduler._get_new_batch_prefill_raw``, ``UnifiedRadixCache.check_prefetch_progress``).
+SGLang's ``load_plugins()`` runs it in the launcher and in every scheduler process.  Before a
+single hook is registered, ``hooks.check_or_exit`` compares every target and every SGLang
+member the adapter reads with the installed SGLang and stops the launch on a mismatch.
+The table of hooks, with why each exists, is ``docs/sglang-hooks.md`` (generated from
+``hooks.HOOKS``).  This module holds the hooks on the command line (``ServerArgs``), the
+backend factory and the controller's attach; ``signals.py``, ``scheduling.py`` and ``cpu.py``
+hold the others.
 """
 
 from __future__ import annotations
@@ -56,13 +43,43 @@ def _add_cli_args_after(result, parser, *a, **kw):
         switch = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}
         group.add_argument(_flag(f.name), dest="flatcake_" + f.name, default=None, metavar="V",
                            help=f"{f.metadata.get('help', '')} (default: {default!r})", **switch)
+    parser.error = _one_line_for_flatcake_typos(parser.error)
     return result
+
+
+def closest_flag(given: str) -> str | None:
+    """The ``--flatcake-*`` flag closest to ``given`` (``difflib``), or None when none is close."""
+    import difflib
+    prefix = "--flatcake-"
+    name = given.split("=", 1)[0]
+    name = name[len(prefix):] if name.startswith(prefix) else name.lstrip("-")
+    # compared without the shared prefix, which would make every flag look close
+    hits = difflib.get_close_matches(name, [_flag(f.name)[len(prefix):] for f in _FIELDS],
+                                     n=1, cutoff=0.6)
+    return prefix + hits[0] if hits else None
+
+
+def _one_line_for_flatcake_typos(error):
+    """Wrap ``parser.error``: an unrecognized ``--flatcake-*`` flag gets one line naming the
+    closest flag instead of SGLang's full usage; every other error is the parser's own."""
+    def flatcake_error(message: str):
+        unknown = [w for w in message.split() if w.startswith("--flatcake")] \
+            if message.startswith("unrecognized arguments:") else []
+        if not unknown:
+            return error(message)
+        bad = unknown[0].split("=", 1)[0]
+        near = closest_flag(bad)
+        hint = f"; did you mean {near}?" if near else "; see --help for the --flatcake-* flags"
+        print(f"error: unrecognized argument {bad}{hint}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    return flatcake_error
 
 
 def flatcake_settings(args) -> dict:
     """The ``--flatcake-*`` flags the user set, by setting name."""
     out = {}
     for f in _FIELDS:
+        # absent when ``args`` came from a parser without our flags: then none was given
         v = getattr(args, "flatcake_" + f.name, None)
         if v is not None:
             out[f.name] = v
@@ -96,10 +113,9 @@ def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict
 
 
 def _from_cli_args_around(original, cls, args, *a, **kw):
-    backend = getattr(args, "hicache_storage_backend", None)
     try:
         args.hicache_storage_backend_extra_config = merged_extra_config(
-            backend, getattr(args, "hicache_storage_backend_extra_config", None),
+            args.hicache_storage_backend, args.hicache_storage_backend_extra_config,
             flatcake_settings(args))
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -115,37 +131,27 @@ def _create_builtin_around(original, cls, backend_name, backend_class, storage_c
 
 
 def _attach_after(result, controller, *a, **kw):
-    if getattr(controller, "storage_backend_type", None) == BACKEND and \
-            getattr(controller, "storage_backend", None) is not None:
+    if controller.storage_backend_type == BACKEND and controller.storage_backend is not None:
         controller.page_get_func = controller._page_get_zero_copy
         controller.page_set_func = controller._page_set_zero_copy
     return result
 
 
 def register() -> None:
-    """Entry point: register every hook with SGLang's ``HookRegistry``."""
+    """Entry point: check the installed SGLang against ``hooks`` (a mismatch stops the
+    process with one line), register the backend, then every hook of ``hooks.HOOKS``."""
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from .cpu import register_cpu_hooks
-    from .scheduling import register_scheduling_hooks
-    from .signals import register_signal_hooks
+    from . import hooks
+    from .cpu import AcceleratorProbeError, accelerator_present
 
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args",
-                          _add_cli_args_after, HookType.AFTER)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args",
-                          _from_cli_args_around, HookType.AROUND)
+    hooks.check_or_exit()
     try:
-        from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-        if BACKEND not in StorageBackendFactory._registry:
-            StorageBackendFactory.register_backend(BACKEND, "sglang_flatcake.sglang.backend",
-                                                   "FlatCakeStorage")
-    except Exception as e:
-        log.warning("flatcake: cannot register the storage backend: %s", e)
-    HookRegistry.register(
-        "sglang.srt.mem_cache.storage.backend_factory.StorageBackendFactory._create_builtin_backend",
-        _create_builtin_around, HookType.AROUND)
-    HookRegistry.register("sglang.srt.managers.cache_controller.HiCacheController.attach_storage_backend",
-                          _attach_after, HookType.AFTER)
-    register_cpu_hooks(HookRegistry, HookType)
-    register_signal_hooks(HookRegistry, HookType)
-    register_scheduling_hooks(HookRegistry, HookType)
+        accelerator = accelerator_present()
+    except AcceleratorProbeError as e:
+        print(f"flatcake: refusing to start: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    StorageBackendFactory.register_backend(BACKEND, "sglang_flatcake.sglang.backend",
+                                           "FlatCakeStorage")
+    hooks.register_all(HookRegistry, HookType, accelerator)

@@ -28,8 +28,8 @@ from ..sched.recompute import Backlog, Choice, Rate, RestoreOrRecompute
 
 def prefill_tokens(req: Any) -> int:
     """Tokens ``req`` still has to prefill, its device prefix aside."""
-    n = len(getattr(req, "origin_input_ids", ()) or ()) + len(getattr(req, "output_ids", ()) or ())
-    return max(0, n - int(getattr(req, "prefix_len", 0) or 0))
+    n = len(req.origin_input_ids) + len(req.output_ids)
+    return max(0, n - int(req.prefix_len))
 
 
 class ServerEstimates:
@@ -47,23 +47,22 @@ class ServerEstimates:
         """Once per scheduler step (before it picks a prefill batch): one prefill-rate sample
         when exactly one batch ran since the last step and it was a prefill."""
         sched = self.scheduler
-        t, ct = self.clock(), getattr(sched, "forward_ct", None)
+        t, ct = self.clock(), sched.forward_ct
         prev, self._step = self._step, (ct, t)
-        last = getattr(sched, "last_batch", None)
-        if prev is None or ct is None or prev[0] is None or ct != prev[0] + 1 or last is None:
+        last = sched.last_batch
+        if prev is None or ct != prev[0] + 1 or last is None:
             return
-        mode = getattr(last, "forward_mode", None)
-        if mode is not None and mode.is_extend():
-            self.decider.prefill.observe(float(getattr(last, "extend_num_tokens", 0) or 0),
-                                         t - prev[1])
+        # forward_mode is None on a batch that has not run (SGLang sets it when it does)
+        if last.forward_mode is not None and last.forward_mode.is_extend():
+            self.decider.prefill.observe(float(last.extend_num_tokens or 0), t - prev[1])
 
     def gpu_backlog(self, flows: dict, before: str | None = None) -> float:
         """Prefill tokens queued: the chunked request's and every waiting request's (only those
         ahead of ``before`` when given), less the tokens their flows will restore."""
         sched = self.scheduler
-        chunked = getattr(sched, "chunked_req", None)
+        chunked = sched.chunked_req
         reqs = [] if chunked is None else [chunked]
-        for r in getattr(sched, "waiting_queue", ()):
+        for r in sched.waiting_queue:
             if r.rid == before:
                 break
             reqs.append(r)

@@ -2,7 +2,7 @@
 
 SGLang keeps one ``waiting_queue`` and, at each prefill, walks it in order,
 skipping requests whose storage prefetch is not done.  With flatcake these hooks
-(``register_scheduling_hooks``) replace what the storage prefetch does:
+(``hooks.HOOKS``) replace what the storage prefetch does:
 
 - ``Scheduler._prefetch_kvcache`` (AROUND): at arrival, ``DirectRestorer.lookup``
   finds the request's stored span.  A span with no block on SSD is *ready*: its
@@ -42,9 +42,9 @@ from ..sched.queues import TwoQueuePolicy
 from . import decline
 from .direct import DirectRestorer, Flow
 from .recompute import ServerEstimates
+from .signals import flatcake_backend
 
 log = logging.getLogger("sglang_flatcake")
-ATTR = "_flatcake_scheduling"
 
 
 class FlatCakeScheduling:
@@ -63,7 +63,7 @@ class FlatCakeScheduling:
         self.flows: dict[str, Flow] = {}            # rid -> a flow not yet published
         self.pending: list[tuple[int, str]] = []    # (arrival, rid) of unpublished flows, sorted
         self.to_start: list[str] = []               # picked, waiting for device slots
-        self.group = getattr(scheduler, "tp_cpu_group", None) if scheduler.tp_size > 1 else None
+        self.group = scheduler.tp_cpu_group if scheduler.tp_size > 1 else None
         self.estimates = ServerEstimates(scheduler, cfg.recompute_when_faster,
                                          clock=lambda: time.monotonic())
         log.info("flatcake: %s, SSD prefetches restore straight into device KV slots",
@@ -156,8 +156,9 @@ class FlatCakeScheduling:
         decode needed them made SGLang abort that decode for lack of memory.  The inputs are
         the same on every rank."""
         sched = self.scheduler
-        reqs = list(getattr(getattr(sched, "running_batch", None), "reqs", None) or [])
-        reqs += list(getattr(getattr(sched, "last_batch", None), "reqs", None) or [])
+        reqs = list(sched.running_batch.reqs)
+        if sched.last_batch is not None:
+            reqs += list(sched.last_batch.reqs)
         pinned = {rid for rid, f in self.flows.items() if f.state == "running"} | {flow.rid}
         reqs += [r for r in sched.waiting_queue if r.rid in pinned]
         uniq = {id(r): r for r in reqs}.values()
@@ -226,30 +227,20 @@ class FlatCakeScheduling:
                 "single_queue": self.single_queue}
 
 
-def _backend_of(scheduler):
-    tree = getattr(scheduler, "tree_cache", None)
-    ctrl = getattr(tree, "cache_controller", None)
-    backend = getattr(ctrl, "storage_backend", None)
-    return backend if type(backend).__name__ == "FlatCakeStorage" else None
-
-
 def state_of(scheduler) -> FlatCakeScheduling | None:
-    """The scheduler's flatcake state, created on first use; None for other backends."""
-    st = scheduler.__dict__.get(ATTR, False)
-    if st is not False:
-        return st
-    backend = _backend_of(scheduler)
-    st = None
-    if backend is not None and backend.store is not None:
+    """The scheduler's flatcake state, kept by its flatcake backend (``backend.scheduling``)
+    and created on first use; None for other backends or when the direct path is off."""
+    backend = flatcake_backend(scheduler.tree_cache.cache_controller)
+    if backend is None or backend.store is None:
+        return None
+    if backend.scheduling is None:
         why = DirectRestorer.supported(scheduler)
-        if why is None:
-            st = FlatCakeScheduling(scheduler, backend)
-        else:
+        if why is not None:
             log.warning("flatcake: direct restore off (%s); SGLang's storage prefetch is used", why)
-    scheduler.__dict__[ATTR] = st
-    if st is not None:
-        scheduler.tree_cache.__dict__[ATTR] = st
-    return st
+            backend.scheduling = False
+        else:
+            backend.scheduling = FlatCakeScheduling(scheduler, backend)
+    return backend.scheduling or None
 
 
 def _prefetch_around(original, scheduler, req, *a, **kw):
@@ -267,17 +258,8 @@ def _prefill_before(scheduler, *a, **kw):
 
 
 def _progress_around(original, tree, handle, *a, **kw):
-    st = tree.__dict__.get(ATTR)
-    if st is None:
+    backend = flatcake_backend(tree.cache_controller)
+    st = backend.scheduling if backend is not None else None
+    if not st:
         return original(tree, handle, *a, **kw)
     return st.gate(handle.rid) and original(tree, handle, *a, **kw)
-
-
-def register_scheduling_hooks(registry, hook_type) -> None:
-    registry.register("sglang.srt.managers.scheduler.Scheduler._prefetch_kvcache",
-                      _prefetch_around, hook_type.AROUND)
-    registry.register("sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
-                      _prefill_before, hook_type.BEFORE)
-    registry.register(
-        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.check_prefetch_progress",
-        _progress_around, hook_type.AROUND)

@@ -49,16 +49,48 @@ class Seen:
     tenant: str | None = None        # the node's cache_salt ("" for none); None: unknown
 
 
-class SignalBoard:
-    """Thread-safe, bounded map page-hash -> ``Seen``; the latest post wins."""
+class Counters:
+    """Named integer counters that several threads increment; each change under one lock."""
 
-    def __init__(self, capacity: int = 1 << 18) -> None:
-        self.capacity = capacity
-        self._seen: OrderedDict[str, Seen] = OrderedDict()
+    def __init__(self, *names: str) -> None:
         self._lock = threading.Lock()
-        self._op = threading.local()
-        self.reads = {"gets": 0, "hit_blocks": 0}
-        self.signal_failures = 0     # backups whose signals could not be read (warned once)
+        self._values = {n: 0 for n in names}
+
+    def add(self, name: str, n: int = 1) -> int:
+        """Add ``n`` to ``name`` (a name given at construction); returns the new value."""
+        with self._lock:
+            self._values[name] += n
+            return self._values[name]
+
+    def __getitem__(self, name: str) -> int:
+        with self._lock:
+            return self._values[name]
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+
+class _PerThread(threading.local):
+    """What one thread is doing on a board (class attributes: each thread's defaults)."""
+    seen: Seen | None = None          # the node being backed up (write_backup_storage)
+    op: dict | None = None            # the backup operation in progress (_page_backup)
+
+
+class SignalBoard:
+    """One backend's write-time signals: a bounded map page-hash -> ``Seen`` (the latest post
+    wins), the SGLang session of each backed-up node, the signals of the backup in progress
+    on each thread, and its counters.  Thread-safe; owned by ``FlatCakeStorage.board``."""
+
+    def __init__(self, capacity: int = 1 << 18, sessions: int = 1 << 16) -> None:
+        self.capacity, self.session_capacity = capacity, sessions
+        self._seen: OrderedDict[str, Seen] = OrderedDict()
+        self._node_session: OrderedDict = OrderedDict()     # node id -> session id
+        self._lock = threading.Lock()
+        self._thread = _PerThread()
+        # gets/hit_blocks: host-pool reads; signal_failures: backups whose signals could not
+        # be read (warned once, then counted)
+        self.counters = Counters("gets", "hit_blocks", "signal_failures")
 
     def record(self, keys, seen: Seen) -> None:
         with self._lock:
@@ -72,80 +104,98 @@ class SignalBoard:
         with self._lock:
             return self._seen.get(key)
 
+    # the SGLang session of an insert, remembered per node until its backup reads it
+    def remember_session(self, node_ids, session_id: str) -> None:
+        with self._lock:
+            for nid in node_ids:
+                self._node_session[nid] = session_id
+            while len(self._node_session) > self.session_capacity:
+                self._node_session.popitem(last=False)
+
+    def take_session(self, node_id) -> str | None:
+        with self._lock:
+            return self._node_session.pop(node_id, None)
+
+    # the node being backed up on this thread (write_backup_storage -> write_storage)
+    def set_pending(self, seen: Seen | None) -> None:
+        self._thread.seen = seen
+
+    def pending(self) -> Seen | None:
+        return self._thread.seen
+
     # one backup operation = several batches that share a turn
     def begin_op(self) -> None:
-        self._op.state = {}
+        self._thread.op = {}
 
     def end_op(self) -> None:
-        self._op.state = None
+        self._thread.op = None
 
     def op_state(self) -> dict | None:
-        return getattr(self._op, "state", None)
+        return self._thread.op
 
     def note_read(self, res) -> None:
-        self.reads["gets"] += 1
-        self.reads["hit_blocks"] += res.hits
+        self.counters.add("gets")
+        self.counters.add("hit_blocks", res.hits)
 
-    def publish(self, stats: dict) -> None:
-        """Export the store's counters as Prometheus gauges, when metrics are on."""
-        from .metrics import export
-        export(stats)
+    def note_failure(self, node_id, e: Exception) -> None:
+        """Count a backup whose signals could not be read; warn the first time."""
+        n = self.counters.add("signal_failures")
+        log.log(logging.WARNING if n == 1 else logging.DEBUG,
+                "flatcake: no write-time signals for node %s (%s: %s); placement uses the "
+                "store's own lineage (%d such backups so far)", node_id, type(e).__name__, e, n)
 
-
-BOARD = SignalBoard()
+    def stats(self) -> dict:
+        c = self.counters.snapshot()
+        return {"gets": c["gets"], "hit_blocks": c["hit_blocks"],
+                "failures": c["signal_failures"]}
 
 
 # -- hooks ---------------------------------------------------------------------------
-# Everything below runs on the scheduler thread: write_backup_storage(node) computes
-# the node's signals and calls controller.write_storage(..., hash_value, ...) synchronously,
-# which is where the node's page keys are known whatever tree core runs.
+# Everything below runs on the scheduler thread but ``_page_backup_around`` (the backup
+# thread): write_backup_storage(node) computes the node's signals and calls
+# controller.write_storage(..., hash_value, ...) synchronously, which is where the node's
+# page keys are known whatever tree core runs.  Each hook acts only for the flatcake backend
+# of the controller it is called on, and posts on that backend's board.
 
-_pending = threading.local()
-_node_session: OrderedDict = OrderedDict()     # node id -> SGLang session_id of its insert
+def flatcake_backend(controller):
+    """``controller``'s storage backend when it is flatcake, else None (another backend, no
+    HiCache controller, or no backend attached)."""
+    if controller is None or controller.storage_backend_type != "flatcake":
+        return None
+    return controller.storage_backend
 
 
 def _execute_backup_around(original, cache, action, *a, **kw):
     """During an insert, remember which SGLang session the backed-up nodes came from."""
-    sid = getattr(cache, "insert_session_id", None)
-    if sid is not None:
-        for nid in getattr(action, "node_ids", ()) or ():
-            _node_session[nid] = str(sid)
-        while len(_node_session) > (1 << 16):
-            _node_session.popitem(last=False)
+    backend = flatcake_backend(cache.cache_controller)
+    sid = cache.insert_session_id
+    if backend is not None and sid is not None:
+        backend.board.remember_session(action.node_ids, str(sid))
     return original(cache, action, *a, **kw)
 
 
 def _write_backup_storage_around(original, cache, node_id, *a, **kw):
-    store = _flatcake_store(cache)
-    if store is not None and getattr(cache, "enable_storage", False):
-        from .write_once import skip_storage_backup
-        if skip_storage_backup(cache, node_id, store):
+    backend = flatcake_backend(cache.cache_controller)
+    if backend is None:
+        return original(cache, node_id, *a, **kw)
+    board = backend.board
+    if backend.store is not None and cache.enable_storage:
+        if backend.write_once.skip(cache, node_id, backend.store):
             return None                       # already stored: no second put (write_once.py)
     try:
-        _pending.seen = _node_signals(cache, node_id)
+        seen = node_signals(cache, node_id, board)
     except Exception as e:  # never let signal gathering break a backup: warned, counted
-        BOARD.signal_failures += 1
-        level = logging.WARNING if BOARD.signal_failures == 1 else logging.DEBUG
-        log.log(level, "flatcake: no write-time signals for node %s (%s: %s); placement uses "
-                "the store's own lineage (%d such backups so far)", node_id,
-                type(e).__name__, e, BOARD.signal_failures)
-        _pending.seen = None
+        board.note_failure(node_id, e)
+        seen = None
+    board.set_pending(seen)
     try:
         return original(cache, node_id, *a, **kw)
     finally:
-        _pending.seen = None
+        board.set_pending(None)
 
 
-def _flatcake_store(cache):
-    ctrl = getattr(cache, "cache_controller", None)
-    if getattr(ctrl, "storage_backend_type", None) != "flatcake":
-        return None
-    return getattr(getattr(ctrl, "storage_backend", None), "store", None)
-
-
-def _node_signals(cache, node_id) -> Seen | None:
-    if getattr(getattr(cache, "cache_controller", None), "storage_backend_type", None) != "flatcake":
-        return None
+def node_signals(cache, node_id, board: SignalBoard) -> Seen:
+    """What ``cache``'s tree knows of node ``node_id`` (the node's session from ``board``)."""
     core = cache.tree_core
     refcount, ctx = 1, -1
     path = core.collect_path_info([node_id])[0]
@@ -160,32 +210,25 @@ def _node_signals(cache, node_id) -> Seen | None:
     if node is not None:
         refcount = max(refcount, max(int(cd.lock_ref) for cd in node.component_data))
     tenant = core.prefetch_anchor_info(node_id)[1] or ""     # (extra_key, cache_salt)
-    return Seen(refcount=refcount, context_tokens=ctx, session_id=_node_session.pop(node_id, None),
+    return Seen(refcount=refcount, context_tokens=ctx, session_id=board.take_session(node_id),
                 tenant=tenant)
 
 
 def _write_storage_around(original, controller, host_indices, token_ids, hash_value=None,
                           *a, **kw):
-    seen = getattr(_pending, "seen", None)
+    backend = flatcake_backend(controller)
+    seen = backend.board.pending() if backend is not None else None
     if seen is not None and hash_value:
-        BOARD.record(list(hash_value), seen)
+        backend.board.record(list(hash_value), seen)
     return original(controller, host_indices, token_ids, hash_value, *a, **kw)
 
 
 def _page_backup_around(original, controller, operation, *a, **kw):
-    BOARD.begin_op()
+    backend = flatcake_backend(controller)
+    if backend is None:
+        return original(controller, operation, *a, **kw)
+    backend.board.begin_op()
     try:
         return original(controller, operation, *a, **kw)
     finally:
-        BOARD.end_op()
-
-
-def register_signal_hooks(registry, hook_type) -> None:
-    base = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache."
-    registry.register(base + "write_backup_storage", _write_backup_storage_around, hook_type.AROUND)
-    registry.register(base + "_execute_and_commit_kv_backup", _execute_backup_around,
-                      hook_type.AROUND)
-    registry.register("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller."
-                      "HybridCacheController.write_storage", _write_storage_around, hook_type.AROUND)
-    registry.register("sglang.srt.managers.cache_controller.HiCacheController._page_backup",
-                      _page_backup_around, hook_type.AROUND)
+        backend.board.end_op()

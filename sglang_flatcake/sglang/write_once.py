@@ -10,7 +10,7 @@ backend again.  Mooncake's pages come back through SGLang's own prefetch
 (storage -> host -> device) and are inserted host-backed, so they are never
 written to storage twice.
 
-``skip_storage_backup`` is asked by the ``write_backup_storage`` hook
+``WriteOnce.skip`` is asked by the ``write_backup_storage`` hook
 (``signals.py``): when every page of the node is already in this rank's store
 (and, with several TP ranks, in every rank's), the storage write is skipped, so
 a restored page costs no second put and no gather from the host pool.  The
@@ -24,22 +24,29 @@ from __future__ import annotations
 
 import logging
 
+from .signals import Counters
+
 log = logging.getLogger("sglang_flatcake")
 
-COUNTERS = {"storage_backups_skipped": 0, "tokens_not_rewritten": 0}
 
+class WriteOnce:
+    """One backend's write-once decision and its counters (``FlatCakeStorage.write_once``)."""
 
-def skip_storage_backup(cache, node_id, store) -> bool:
-    """True when node ``node_id``'s pages are all stored already (same answer on every rank)."""
-    spec = cache.tree_core.build_storage_backup_spec(node_id, False)
-    keys = list(spec.hash_value or []) if spec is not None else []
-    mine = bool(keys) and store.exists(keys) == len(keys)
-    if getattr(cache, "tp_world_size", 1) > 1 or getattr(cache, "pp_size", 1) > 1:
-        import torch
-        t = torch.tensor([1 if mine else 0], dtype=torch.int)
-        cache._all_reduce(t, torch.distributed.ReduceOp.MIN)
-        mine = bool(t.item())
-    if mine:
-        COUNTERS["storage_backups_skipped"] += 1
-        COUNTERS["tokens_not_rewritten"] += len(keys) * int(cache.page_size)
-    return mine
+    def __init__(self) -> None:
+        self.counters = Counters("storage_backups_skipped", "tokens_not_rewritten")
+
+    def skip(self, cache, node_id, store) -> bool:
+        """True when node ``node_id``'s pages are all in ``store`` already, on every rank
+        (the answer is MIN-reduced over TP/PP with the tree's own ``_all_reduce``)."""
+        spec = cache.tree_core.build_storage_backup_spec(node_id, False)
+        keys = list(spec.hash_value or []) if spec is not None else []
+        mine = bool(keys) and store.exists(keys) == len(keys)
+        if cache.tp_world_size > 1 or cache.pp_size > 1:
+            import torch
+            t = torch.tensor([1 if mine else 0], dtype=torch.int)
+            cache._all_reduce(t, torch.distributed.ReduceOp.MIN)
+            mine = bool(t.item())
+        if mine:
+            self.counters.add("storage_backups_skipped")
+            self.counters.add("tokens_not_rewritten", len(keys) * int(cache.page_size))
+        return mine

@@ -155,7 +155,6 @@ def test_each_rank_gets_its_own_ssd_region(tmp_path):
 
 
 def test_write_once_skips_only_nodes_whose_pages_are_all_stored(tmp_path):
-    from sglang_flatcake.sglang.write_once import COUNTERS, skip_storage_backup
     be = FlatCakeStorage(storage_config(tmp_path), host_pool())
     keys = chain(4, "w")
     be.batch_set_v1(keys[:3], token_indices([0, 1, 2]), hs.HiCacheStorageExtraInfo(prefix_keys=[]))
@@ -167,9 +166,8 @@ def test_write_once_skips_only_nodes_whose_pages_are_all_stored(tmp_path):
             return None if hv is None else SimpleNamespace(hash_value=hv)
 
     cache = SimpleNamespace(tree_core=Core(), page_size=PS, tp_world_size=1, pp_size=1)
-    before = dict(COUNTERS)
-    assert [skip_storage_backup(cache, n, be.store) for n in (1, 2, 3, 4)] == \
+    assert [be.write_once.skip(cache, n, be.store) for n in (1, 2, 3, 4)] == \
         [True, True, False, False]
-    assert COUNTERS["storage_backups_skipped"] - before["storage_backups_skipped"] == 2
-    assert COUNTERS["tokens_not_rewritten"] - before["tokens_not_rewritten"] == 5 * PS
+    assert be.get_stats().flatcake["write_once"] == {"storage_backups_skipped": 2,
+                                                     "tokens_not_rewritten": 5 * PS}
     be.close()

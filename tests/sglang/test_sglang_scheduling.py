@@ -65,12 +65,19 @@ class FakeRestorer:
         self.published.append(flow.rid)
 
 
+def fake_scheduler(**kw):
+    """The Scheduler members flatcake reads (``hooks.MEMBERS``), idle."""
+    return SimpleNamespace(**{"waiting_queue": [], "tp_size": 1, "tp_cpu_group": None,
+                              "running_batch": SimpleNamespace(reqs=[]), "last_batch": None,
+                              "forward_ct": 0, "chunked_req": None, **kw})
+
+
 @pytest.fixture
 def make(monkeypatch):
     monkeypatch.setattr(scheduling, "DirectRestorer", FakeRestorer)
 
     def build(single_queue=False, budget=2 * GB, **cfg):
-        sched = SimpleNamespace(waiting_queue=[], tp_size=1)
+        sched = fake_scheduler()
         backend = SimpleNamespace(config=FlatCakeConfig(single_queue=single_queue,
                                                         prefetch_budget_bytes=budget, **cfg))
         clock = [0.0]
@@ -83,7 +90,7 @@ def make(monkeypatch):
 
 def request(rid, max_new_tokens=4, generated=0):
     return SimpleNamespace(rid=rid, sampling_params=SimpleNamespace(max_new_tokens=max_new_tokens),
-                           output_ids=[0] * generated)
+                           output_ids=[0] * generated, origin_input_ids=[], prefix_len=0)
 
 
 def arrive(st, sched, rid, ssd_bytes=None):
@@ -232,7 +239,7 @@ def gloo_rank(rank: int, port: int):
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         scheduling.DirectRestorer = FakeRestorer
-        sched = SimpleNamespace(waiting_queue=[], tp_size=2, tp_cpu_group=dist.group.WORLD)
+        sched = fake_scheduler(tp_size=2, tp_cpu_group=dist.group.WORLD)
         backend = SimpleNamespace(config=FlatCakeConfig(prefetch_budget_bytes=2 * GB))
         yield scheduling.FlatCakeScheduling(sched, backend), sched
     finally:
