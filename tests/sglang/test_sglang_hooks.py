@@ -13,7 +13,7 @@ import pytest
 
 from sglang_flatcake.sglang import hooks, hooks_doc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ADAPTER = ROOT / "sglang_flatcake" / "sglang"
 
 

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 hs = pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
 
-from conftest import chain  # noqa: E402
+from tests.support import chain  # noqa: E402
 from sglang_flatcake.sglang import cpu  # noqa: E402
 from sglang_flatcake.sglang.backend import FlatCakeStorage  # noqa: E402
 from sglang_flatcake.sglang.metrics import MetricsExporter  # noqa: E402
