@@ -166,6 +166,10 @@ class FlatCakeConfig:
         "help": "join a cluster through this Redis page directory (redis://HOST:PORT[/DB]): "
                 "serve this node's sessions to the others and restore theirs over Mooncake's "
                 "Transfer Engine; default: off, a single node"})
+    cluster_secret_file: str = dataclasses.field(default="", metadata={
+        "help": "file holding the cluster's shared secret (>= 16 bytes, mode 600; required "
+                "with --flatcake-cluster-directory): every message, grant and directory "
+                "entry between nodes is authenticated with it"})
     cluster_bind: str = dataclasses.field(default="127.0.0.1", metadata={
         "help": "IP address the Transfer Engine and the owner service bind to: the interface "
                 "other nodes reach (cluster only)"})
@@ -214,6 +218,9 @@ class FlatCakeConfig:
         need("\0" not in self.ssd_path, "ssd_path", "expected a path")
         check_directory_url(self.cluster_directory, "cluster_directory")
         check_ip(self.cluster_bind, "cluster_bind")
+        need("\0" not in self.cluster_secret_file
+             and (self.cluster_secret_file or not self.cluster_directory), "cluster_secret_file",
+             "a cluster (cluster_directory) needs the path of its secret file")
         need(isinstance(self.remote_timeout_s, (int, float))
              and not isinstance(self.remote_timeout_s, bool)
              and 0 < self.remote_timeout_s <= 60, "remote_timeout_s", "expected 0 < seconds <= 60")

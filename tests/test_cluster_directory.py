@@ -11,7 +11,10 @@ from sglang_flatcake.cluster.redis_directory import RedisDirectory
 from sglang_flatcake.errors import ConfigError
 
 from conftest import chain, extend
-from redis_fixture import redis_url  # noqa: F401  (fixture)
+from redis_fixture import TEST_SECRET, redis_url  # noqa: F401  (fixture)
+from sglang_flatcake.cluster.secret import ClusterSecret
+
+SECRET = ClusterSecret(TEST_SECRET)
 
 
 @pytest.fixture
@@ -19,7 +22,7 @@ def make(redis_url):  # noqa: F811
     made = []
 
     def _make(node=None, endpoint=None, **kw):
-        d = RedisDirectory(redis_url, **kw)
+        d = RedisDirectory(redis_url, SECRET, **kw)
         made.append(d)
         if node is not None:
             d.join(node, endpoint or f"tcp://127.0.0.1:{7000 + node}")
@@ -141,14 +144,14 @@ def test_bad_arguments_are_named(make, redis_url):  # noqa: F811
     with pytest.raises(ConfigError, match="endpoint="):
         d.join(1, "a|b")
     with pytest.raises(ConfigError, match="lease_ms=1"):
-        RedisDirectory(redis_url, lease_ms=1)
+        RedisDirectory(redis_url, SECRET, lease_ms=1)
     with pytest.raises(ConfigError, match="tenant="):
         d.lookup(None, ["k"])
 
 
 def test_unreachable_directory_is_an_error_within_bound():
     from redis_fixture import free_port
-    d = RedisDirectory(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    d = RedisDirectory(f"redis://127.0.0.1:{free_port()}/0", SECRET, timeout_s=0.2)
     with pytest.raises(DirectoryError, match="lookup failed"):
         d.lookup("", chain(2))
     d.close()
