@@ -256,6 +256,20 @@ def test_malformed_and_oversized_messages_are_answered_and_the_owner_keeps_servi
         member.close()
 
 
+def test_an_unexpected_failure_is_answered_and_rolls_the_grant_back(served, monkeypatch):
+    from sglang_flatcake.cluster import owner as owner_mod
+    engine, svc, store, ssd, _ = served
+
+    def broken(*a, **kw):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(owner_mod, "stage_run", broken)
+    for _ in range(6):                              # more than the slots: none leaks
+        rep = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "m"))
+        assert rep["error"] == "owner failed: RuntimeError"
+    assert svc.held() == 0 and engine.registered_bytes == 0
+    assert store.clear() == 2                       # no read lease left pinning a session
+
+
 # ---------------------------------------------------------------- finding 6: grants
 def member_call(svc, msg):
     return wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(SECRET, msg)))
