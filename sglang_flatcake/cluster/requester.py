@@ -2,7 +2,7 @@
 
 ``fetch`` asks the owner's service for the leading run of ``keys`` in chunks of
 ``chunk_blocks``, pipelined: two chunks move at once (one Transfer Engine read each into a
-registered receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
+receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
 next into another staging slot meanwhile (at most two of its slots held), and a landed
 chunk is verified on a verifier thread while the next ones move.  Every block is verified
 against the *writing node's* record of it (``wire.block_record``: a MAC under the cluster
@@ -14,9 +14,11 @@ The receive buffer is not reachable by peers while it is verified or scattered: 
 it is never registered (the engine reads into unregistered memory); over ``rdma`` it is
 registered for one fetch and unregistered once its last transfer has ended, before
 verification.  A buffer a late transfer may still write is set aside (at most
-``MAX_SET_ASIDE``; beyond that a fetch is a miss until they end).  Every step shares one deadline (``timeout_s``): a dead,
-slow or partitioned owner is ``RemoteResult(hits=0, reason=...)`` by then, never a hang, and
-``out`` is untouched unless ``hits > 0``.
+``MAX_SET_ASIDE``; beyond that a fetch is a miss until they end).
+
+Every step shares one deadline (``timeout_s``): a dead, slow or partitioned owner is
+``RemoteResult(hits=0, reason=...)`` by then, never a hang, and ``out`` is untouched unless
+``hits > 0``.
 """
 
 from __future__ import annotations
@@ -195,7 +197,8 @@ class RemoteReader:
                 break
             n, segs, records = fields
             t_grant = t_grant or time.monotonic() - t0
-            cmds += int(grant.get("read_commands", 0)) if type(grant.get("read_commands")) is int else 0
+            rc = grant.get("read_commands")
+            cmds += rc if type(rc) is int else 0
             if on_grant is not None:
                 on_grant(grant)
             if deadline <= time.monotonic():
