@@ -218,9 +218,7 @@ class FlatCakeConfig:
         need("\0" not in self.ssd_path, "ssd_path", "expected a path")
         check_directory_url(self.cluster_directory, "cluster_directory")
         check_ip(self.cluster_bind, "cluster_bind")
-        need("\0" not in self.cluster_secret_file
-             and (self.cluster_secret_file or not self.cluster_directory), "cluster_secret_file",
-             "a cluster (cluster_directory) needs the path of its secret file")
+        need("\0" not in self.cluster_secret_file, "cluster_secret_file", "expected a path")
         need(isinstance(self.remote_timeout_s, (int, float))
              and not isinstance(self.remote_timeout_s, bool)
              and 0 < self.remote_timeout_s <= 60, "remote_timeout_s", "expected 0 < seconds <= 60")

@@ -387,5 +387,8 @@ def test_secrets_stay_out_of_urls_logs_and_flags(tmp_path):
     with pytest.raises(ConfigError, match="holds 5 bytes") as e:
         ClusterSecret.from_file(str(p))
     assert "short" not in str(e.value)
-    with pytest.raises(ConfigError, match="cluster_secret_file"):
-        FlatCakeConfig(cluster_directory="redis://127.0.0.1:6379/0")
+    from sglang_flatcake.cluster.node import ClusterNode
+    cfg = FlatCakeConfig(cluster_directory="redis://127.0.0.1:6379/0", durable=False)
+    with FlatCakeStore(tmp_path / "st", LAYOUT, cfg) as st:
+        with pytest.raises(ConfigError, match="cluster_secret_file='' is not allowed"):
+            ClusterNode(st, cfg)

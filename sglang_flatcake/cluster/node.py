@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..errors import ConfigError
 from .directory import DirectoryError
 from .owner import OwnerService
 from .publisher import Publisher
@@ -43,6 +44,10 @@ class ClusterNode:
         self.counters = {"remote_lookups": 0, "remote_blocks": 0, "remote_misses": 0,
                          "directory_down": 0}
         self._down_until = 0.0
+        if not config.cluster_secret_file:
+            raise ConfigError("cluster_secret_file='' is not allowed: a cluster node needs the "
+                              "cluster's secret file (--flatcake-cluster-secret-file; "
+                              "docs/cluster-security.md)")
         secret = ClusterSecret.from_file(config.cluster_secret_file)
         made: list = []
         try:
