@@ -131,12 +131,12 @@ def test_memory_tier_session_and_partial_request(engine, owner):
 
 
 def test_an_ssd_run_is_one_segment_and_grants_must_tile_their_blocks(engine, owner):
-    from sglang_flatcake.cluster.requester import _grant_fields
+    from sglang_flatcake.cluster.wire import grant_fields
 
     def _segments_fit(segs, n, bb):
         g = {"hits": n, "bytes": n * bb, "segments": segs, "records": ["r"] * n,
              "lease": "l", "peer": "p"}
-        return _grant_fields(g, n, bb) is not None
+        return grant_fields(g, n, bb) is not None
     o = owner(blocks=16)
     grants = []
     r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, empty(16),

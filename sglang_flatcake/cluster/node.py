@@ -116,4 +116,5 @@ class ClusterNode:
             log.warning("flatcake: could not leave the cluster (%s); its lease lapses in %d ms",
                         e, self.directory.lease_ms)
         self.service.close()
+        self.reader.close()
         self.engine.close()

@@ -74,6 +74,7 @@ class RemoteReader:
         self.max_blocks, self.timeout_s = max_blocks, timeout_s
         self._zmq = zmq
         self._ctx = zmq.Context.instance()
+        self._idle: dict[str, list] = {}          # endpoint -> REQ sockets ready to send
         self._verifier = ThreadPoolExecutor(1, thread_name_prefix="fc-verify")
         self._set_aside: list[tuple[np.ndarray, list[threading.Event]]] = []
         self._new_buffer()
@@ -100,17 +101,25 @@ class RemoteReader:
         return len(self._set_aside)
 
     def _send(self, endpoint: str, msg: dict):
-        s = self._ctx.socket(self._zmq.REQ)
-        s.setsockopt(self._zmq.LINGER, 0)
-        s.setsockopt(self._zmq.MAXMSGSIZE, 4 * wire.MAX_MESSAGE)
-        s.connect(endpoint)
+        """Send ``msg`` on an idle socket to ``endpoint`` (one kept from an answered call, or
+        a new one): a connection per call would cost both sides a handshake."""
+        idle = self._idle.get(endpoint)
+        if idle:
+            s = idle.pop()
+        else:
+            s = self._ctx.socket(self._zmq.REQ)
+            s.setsockopt(self._zmq.LINGER, 0)
+            s.setsockopt(self._zmq.MAXMSGSIZE, 4 * wire.MAX_MESSAGE)
+            s.connect(endpoint)
         s.send(wire.seal(self.secret, msg))
-        return s, msg["nonce"]
+        return s, msg["nonce"], endpoint
 
     def _recv(self, call, deadline: float) -> dict | None:
         """The reply to ``call`` within the deadline (``None`` if none came; an
-        ``{"error": ...}`` for one not authenticated or not answering this request)."""
-        s, nonce = call
+        ``{"error": ...}`` for one not authenticated or not answering this request).  The
+        socket goes back to the idle ones only after a good answer, else it is closed."""
+        s, nonce, endpoint = call
+        keep = False
         try:
             left = deadline - time.monotonic()
             if left <= 0 or not s.poll(int(left * 1000) + 1, self._zmq.POLLIN):
@@ -118,15 +127,22 @@ class RemoteReader:
             rep = wire.unseal(self.secret, s.recv())
             if rep.get("re") != nonce:
                 raise wire.WireError("reply to another request")
+            keep = True
             return rep
         except wire.WireError as e:
             return {"error": f"bad reply: {e}", "valid": False}
         finally:
-            s.close()
+            if keep and len(self._idle.setdefault(endpoint, [])) < 4:
+                self._idle[endpoint].append(s)
+            else:
+                s.close()
 
-    def _call(self, endpoint: str, msg: dict, deadline: float) -> dict | None:
-        """One request/reply within the deadline; ``None`` when the owner did not answer."""
-        return self._recv(self._send(endpoint, msg), deadline)
+    def close(self) -> None:
+        """Close the idle sockets (the reader stays usable: new ones open on demand)."""
+        for socks in self._idle.values():
+            for s in socks:
+                s.close()
+        self._idle.clear()
 
     def fetch(self, endpoint: str, tenant: str, keys: Sequence[str], out: np.ndarray | None,
               on_grant: Callable[[dict], None] | None = None,
@@ -191,7 +207,7 @@ class RemoteReader:
             if grant.get("error") or not grant.get("hits"):
                 reason = grant.get("error") or grant.get("reason", "miss")
                 break
-            fields = _grant_fields(grant, len(ck), bb)
+            fields = wire.grant_fields(grant, len(ck), bb)
             if fields is None:
                 reason = "bad grant"
                 break
@@ -277,23 +293,3 @@ class RemoteReader:
             if not hmac.compare_digest(block_record(self.secret, tag, keys[i], sums), records[i]):
                 return i
         return n
-
-
-def _grant_fields(grant: dict, asked: int, block_bytes: int):
-    """``(n, segments, records)`` of a well-formed grant for at most ``asked`` blocks whose
-    segments tile its ``n`` blocks exactly, in order, in whole blocks; else None."""
-    n, segs, recs = grant.get("hits"), grant.get("segments"), grant.get("records")
-    if type(n) is not int or not 0 < n <= asked or grant.get("bytes") != n * block_bytes \
-            or not isinstance(segs, list) or not isinstance(recs, list) or len(recs) != n \
-            or not all(isinstance(r, str) for r in recs) \
-            or not isinstance(grant.get("lease"), str) or not isinstance(grant.get("peer"), str):
-        return None
-    at = 0
-    for seg in segs:
-        if not isinstance(seg, list) or len(seg) != 3 or any(type(x) is not int for x in seg):
-            return None
-        first, _, nbytes = seg
-        if first != at or nbytes <= 0 or nbytes % block_bytes:
-            return None
-        at += nbytes // block_bytes
-    return (n, segs, recs) if at == n else None

@@ -112,3 +112,23 @@ def plan_checksums(plan, n: int, layers: int) -> np.ndarray:
     keep = plan.piece_dest < n
     known[plan.piece_dest[keep], plan.piece_layer[keep]] = plan.piece_checksum[keep]
     return known
+
+
+def grant_fields(grant: dict, asked: int, block_bytes: int):
+    """``(n, segments, records)`` of a well-formed grant for at most ``asked`` blocks whose
+    segments tile its ``n`` blocks exactly, in order, in whole blocks; else None."""
+    n, segs, recs = grant.get("hits"), grant.get("segments"), grant.get("records")
+    if type(n) is not int or not 0 < n <= asked or grant.get("bytes") != n * block_bytes \
+            or not isinstance(segs, list) or not isinstance(recs, list) or len(recs) != n \
+            or not all(isinstance(r, str) for r in recs) \
+            or not isinstance(grant.get("lease"), str) or not isinstance(grant.get("peer"), str):
+        return None
+    at = 0
+    for seg in segs:
+        if not isinstance(seg, list) or len(seg) != 3 or any(type(x) is not int for x in seg):
+            return None
+        first, _, nbytes = seg
+        if first != at or nbytes <= 0 or nbytes % block_bytes:
+            return None
+        at += nbytes // block_bytes
+    return (n, segs, recs) if at == n else None
