@@ -15,7 +15,9 @@ and unregister, copy into ``out``; ``--no-copy``: the blocks stay in the receive
 server's restore scatters them from there);
 (b) the Transfer Engine alone: one read of the same number of bytes from a buffer the owner
 registered for this (no store, no checksums, no authentication);
-(c) local restore: ``store.get`` of the session inside the owner process.
+(c) local restore: ``store.get`` of the session inside the owner process
+(``local_cpu_s_per_gib``: that process's CPU for it -- the store's own read, which a remote
+restore of SSD blocks pays on the owner and a raw Transfer Engine read does not).
 Reports medians and bests; ``ratio_remote_vs_te`` = TE time / remote time (issue 13 target
 >= 0.80), from medians, and ``ratio_best_remote_vs_te`` from the fastest round of each (on a
 shared machine the medians swing with the other load).  CPU: ``*_cpu_s_per_gib`` is the CPU
@@ -131,7 +133,7 @@ def main() -> int:
         out = np.empty((a.blocks, layout.layers, layout.block_layer_bytes), np.uint8)
         raw = np.empty(nbytes, np.uint8)      # unregistered, as the remote restore's buffer
         raw_addr = raw.ctypes.data
-        remote, te, local, grant, cpu_r, cpu_t = [], [], [], [], [], []
+        remote, te, local, grant, cpu_r, cpu_t, cpu_l = [], [], [], [], [], [], []
         for i in range(a.repeat + 1):           # the first round warms connections up
             r, dt, cr = timed(lambda: reader.fetch(info["endpoint"], "", keys,
                                                    None if a.no_copy else out), owner.pid)
@@ -149,6 +151,7 @@ def main() -> int:
                 grant.append(r.grant_seconds)
                 te.append(tt)
                 local.append(lo["local_s"])
+                cpu_l.append(lo["local_cpu_s"])
                 cpu_r.append(cr)
                 cpu_t.append(ct)
             print(f"round {i}: remote {dt * 1e3:.1f} ms (cpu {cr * 1e3:.0f} ms), te {tt * 1e3:.1f} ms "
@@ -164,6 +167,7 @@ def main() -> int:
                    ratio_best_remote_vs_te=min(te) / min(remote),
                    remote_cpu_s_per_gib=med(cpu_r) / gib, te_cpu_s_per_gib=med(cpu_t) / gib,
                    ratio_cpu_remote_vs_te=med(cpu_r) / med(cpu_t),
+                   local_cpu_s_per_gib=med(cpu_l) / gib,
                    verify_cpu_s_per_gib=verify_cpu / gib, mac_cpu_s_per_gib=mac_cpu / gib,
                    owner_read_commands=r.owner_read_commands)
         print(json.dumps(res), flush=True)

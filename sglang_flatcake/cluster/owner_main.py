@@ -36,6 +36,13 @@ def session_blocks(block_bytes: int, keys: list[str]) -> np.ndarray:
     return out
 
 
+def _cpu() -> float:
+    """User + system CPU seconds of this process, every thread."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", required=True)
@@ -108,10 +115,11 @@ def main(argv=None) -> int:
             print(json.dumps({"cleared": n}), flush=True)
         elif cmd == "local":
             out = store.alloc_blocks(a.blocks)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), _cpu()
             g = store.get(keys, out)
-            dt = time.perf_counter() - t
-            print(json.dumps({"local_s": dt, "hits": g.hits, "bytes": g.hits * layout.block_bytes,
+            dt, dc = time.perf_counter() - t, _cpu() - c
+            print(json.dumps({"local_s": dt, "local_cpu_s": dc, "hits": g.hits,
+                              "bytes": g.hits * layout.block_bytes,
                               "read_commands": g.read_commands}), flush=True)
         elif cmd == "quit":
             break
