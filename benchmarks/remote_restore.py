@@ -6,14 +6,18 @@ locally, next to the Transfer Engine's own bandwidth for the same bytes, in the 
 
 An owner node process (``sglang_flatcake.cluster.owner_main``: a real FlatCakeStore on real
 files) stores one session.  This process then alternates, ``--repeat`` times:
-(a) remote restore: ``RemoteReader.fetch`` (the owner's merged O_DIRECT reads of SSD blocks
-into its registered staging slot, memory-tier blocks left in its registered arena, checksums,
-one Transfer Engine batch per chunk, xxh3 verification of every (block, layer), ack, copy into
-``out``; ``--no-copy``: the blocks stay in the registered receive buffer, as a server's restore
-scatters them from there);
-(b) the Transfer Engine alone: one read of the same number of bytes from the owner's
-registered staging buffer (no store, no checksums);
-(c) local restore: ``store.get`` of the session inside the owner process.
+(a) remote restore with the cluster secure (issue 20): ``RemoteReader.fetch`` (sealed and
+authenticated messages, the owner's merged O_DIRECT reads of SSD blocks and copies of
+memory-tier blocks into a staging slot registered for that grant only, one Transfer Engine
+batch per chunk into unregistered memory, every block checked against the writer's
+publish-time record -- xxh3_64 per (block, layer), then a keyed BLAKE2b over them --, ack
+and unregister, copy into ``out``; ``--no-copy``: the blocks stay in the receive buffer, as a
+server's restore scatters them from there);
+(b) the Transfer Engine alone: one read of the same number of bytes from a buffer the owner
+registered for this (no store, no checksums, no authentication);
+(c) local restore: ``store.get`` of the session inside the owner process
+(``local_cpu_s_per_gib``: that process's CPU for it -- the store's own read, which a remote
+restore of SSD blocks pays on the owner and a raw Transfer Engine read does not).
 Reports medians and bests; ``ratio_remote_vs_te`` = TE time / remote time (issue 13 target
 >= 0.80), from medians, and ``ratio_best_remote_vs_te`` from the fastest round of each (on a
 shared machine the medians swing with the other load).  CPU: ``*_cpu_s_per_gib`` is the CPU
@@ -41,8 +45,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from sglang_flatcake.cluster.owner_main import session_keys  # noqa: E402
 from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
+from sglang_flatcake.cluster.secret import ClusterSecret  # noqa: E402
 from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
-from sglang_flatcake.cluster.wire import block_checksums  # noqa: E402
+from sglang_flatcake.cluster.wire import block_record  # noqa: E402
+
+
+def verify_cost(secret, buf, keys, layers):
+    """CPU seconds of checking every block of ``buf`` against its record, and of the MACs
+    alone (as ``RemoteReader`` does)."""
+    import xxhash
+    h, tag = xxhash.xxh3_64_intdigest, secret.tag("")
+    sums = np.empty((len(keys), layers), np.uint64)
+    t = time.process_time()
+    for i in range(len(keys)):
+        for j in range(layers):
+            sums[i, j] = h(buf[i, j])
+    mid = time.process_time()
+    for i, k in enumerate(keys):
+        block_record(secret, tag, k, sums[i])
+    end = time.process_time()
+    return end - t, end - mid
 from sglang_flatcake.layout import KVLayout  # noqa: E402
 
 
@@ -88,6 +110,10 @@ def main() -> int:
            "machine": f"{platform.machine()} {os.cpu_count()} cpus"}
     print("config", json.dumps(cfg), flush=True)
     tmp = tempfile.mkdtemp(prefix="fc-remote-", dir=a.dir)
+    secret_path = os.path.join(tmp, "secret")
+    with open(os.open(secret_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        f.write(os.urandom(32).hex().encode())
+    secret = ClusterSecret.from_file(secret_path)
     chunk = a.chunk_blocks or a.blocks
     slots = -(-a.blocks // chunk) + 1        # staging holds the whole session (for the raw read)
     extra = ["--memory-bytes", str(2 * nbytes)] if a.medium == "memory" else []
@@ -95,24 +121,25 @@ def main() -> int:
         [sys.executable, "-m", "sglang_flatcake.cluster.owner_main", "--root", f"{tmp}/store",
          "--blocks", str(a.blocks), "--layers", str(a.layers), "--kv-heads", str(a.kv_heads),
          "--head-dim", str(a.head_dim), "--page-tokens", str(a.page_tokens),
-         "--ssd-bytes", str(4 * nbytes + (64 << 20)), "--slots", str(slots), "--slot-blocks", str(chunk), *extra],
+         "--ssd-bytes", str(4 * nbytes + (64 << 20)), "--slots", str(slots), "--slot-blocks", str(chunk),
+         "--secret-file", secret_path, "--raw-bytes", str(nbytes), *extra],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         info = json.loads(owner.stdout.readline())
         keys = session_keys(a.blocks, "a")
         engine = Engine("127.0.0.1")
-        reader = RemoteReader(engine, layout, max_blocks=a.blocks, timeout_s=a.timeout_s,
-                              chunk_blocks=a.chunk_blocks)
+        reader = RemoteReader(engine, layout, secret, max_blocks=a.blocks,
+                              timeout_s=a.timeout_s, chunk_blocks=a.chunk_blocks)
         out = np.empty((a.blocks, layout.layers, layout.block_layer_bytes), np.uint8)
-        raw = np.empty(nbytes, np.uint8)
-        raw_addr = engine.register(raw)
-        remote, te, local, grant, cpu_r, cpu_t = [], [], [], [], [], []
+        raw = np.empty(nbytes, np.uint8)      # unregistered, as the remote restore's buffer
+        raw_addr = raw.ctypes.data
+        remote, te, local, grant, cpu_r, cpu_t, cpu_l = [], [], [], [], [], [], []
         for i in range(a.repeat + 1):           # the first round warms connections up
             r, dt, cr = timed(lambda: reader.fetch(info["endpoint"], "", keys,
                                                    None if a.no_copy else out), owner.pid)
             if r.hits != a.blocks:
                 raise RuntimeError(f"remote restore served {r.hits}/{a.blocks}: {r.reason}")
-            ok, tt, ct = timed(lambda: engine.read(info["te"], [raw_addr], [info["staging_addr"]],
+            ok, tt, ct = timed(lambda: engine.read(info["te"], [raw_addr], [info["raw_addr"]],
                                                    [nbytes], a.timeout_s), owner.pid)
             if not ok.ok:
                 raise RuntimeError(f"raw Transfer Engine read failed: {ok.reason}")
@@ -124,13 +151,12 @@ def main() -> int:
                 grant.append(r.grant_seconds)
                 te.append(tt)
                 local.append(lo["local_s"])
+                cpu_l.append(lo["local_cpu_s"])
                 cpu_r.append(cr)
                 cpu_t.append(ct)
             print(f"round {i}: remote {dt * 1e3:.1f} ms (cpu {cr * 1e3:.0f} ms), te {tt * 1e3:.1f} ms "
                   f"(cpu {ct * 1e3:.0f} ms), local {lo['local_s'] * 1e3:.1f} ms", flush=True)
-        t = time.process_time()
-        block_checksums(reader.buf[:a.blocks])     # xxh3 of every (block, layer), as verified
-        verify_cpu = time.process_time() - t
+        verify_cpu, mac_cpu = verify_cost(secret, reader.buf, keys, layout.layers)
         med = statistics.median
         gib = nbytes / (1 << 30)
         res = dict(cfg, remote_s=med(remote), remote_grant_s=med(grant), te_s=med(te), local_s=med(local),
@@ -140,7 +166,9 @@ def main() -> int:
                    best_remote_s=min(remote), best_te_s=min(te), best_local_s=min(local),
                    ratio_best_remote_vs_te=min(te) / min(remote),
                    remote_cpu_s_per_gib=med(cpu_r) / gib, te_cpu_s_per_gib=med(cpu_t) / gib,
-                   verify_cpu_s_per_gib=verify_cpu / gib,
+                   ratio_cpu_remote_vs_te=med(cpu_r) / med(cpu_t),
+                   local_cpu_s_per_gib=med(cpu_l) / gib,
+                   verify_cpu_s_per_gib=verify_cpu / gib, mac_cpu_s_per_gib=mac_cpu / gib,
                    owner_read_commands=r.owner_read_commands)
         print(json.dumps(res), flush=True)
         if a.json:

@@ -188,9 +188,15 @@ class ClusterConfig:
             "the others and restore theirs over Mooncake's Transfer Engine; default: off, a "
             "single node", allowed="redis://HOST:PORT[/DB], or empty",
         check=check_directory_url)
+    cluster_secret_file: str = setting(
+        "", "file holding the cluster's shared secret (>= 16 bytes, mode 600; required with "
+            "--flatcake-cluster-directory): every message, grant and directory entry between "
+            "nodes is authenticated with it", allowed="a path, or empty",
+        ok=lambda v: "\0" not in v)
     cluster_bind: str = setting(
-        "127.0.0.1", "IP address the Transfer Engine and the owner service bind to: the "
-                     "interface other nodes reach (cluster only)",
+        "127.0.0.1", "IP address the owner service binds to and the Transfer Engine announces: "
+                     "the interface other nodes reach (cluster only; Mooncake 0.3.13's engine "
+                     "listens on every interface, so firewall its ports)",
         allowed="a unicast IP address (not 0.0.0.0)", check=check_ip)
     remote_timeout_s: float = setting(
         1.0, "a remote restore not done within this many seconds is a miss (recomputed); "

@@ -10,7 +10,7 @@ import pytest
 from sglang_flatcake.config import FlatCakeConfig
 from sglang_flatcake.layout import KVLayout
 from tests.support import mount_small_fs
-from tests.support.redis_server import redis_url  # noqa: F401  (fixture)
+from tests.support.redis_server import redis_url, secret_file  # noqa: F401  (fixtures)
 
 
 @pytest.fixture

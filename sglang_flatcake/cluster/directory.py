@@ -2,7 +2,8 @@
 lookup (``redis_directory.RedisDirectory`` is the implementation).
 
 Granularity is the page (one store key).  Tenants (``cache_salt``) live under their own
-hashed prefix (``tenant_tag``), so one tenant's lookup can never name another's page.
+prefix, keyed with the cluster secret (``ClusterSecret.tag``), so one tenant's lookup can
+never name another's page and a tag does not reveal its salt.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ import abc
 from dataclasses import dataclass
 from typing import Sequence
 
-import xxhash
-
-from ..errors import ConfigError, FlatCakeError
+from ..errors import FlatCakeError
 
 
 class DirectoryError(FlatCakeError):
@@ -79,9 +78,3 @@ class Directory(abc.ABC):
     def close(self) -> None:
         """Stop the heartbeat and leave; a second call does nothing."""
 
-
-def tenant_tag(tenant: str) -> str:
-    """The tenant's key-space prefix: a hash, so no tenant string can reach another's keys."""
-    if not isinstance(tenant, str):
-        raise ConfigError(f"tenant={tenant!r} is not a string (cache_salt)")
-    return xxhash.xxh3_128_hexdigest(tenant.encode())

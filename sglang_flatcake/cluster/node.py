@@ -15,11 +15,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..errors import ConfigError
 from .directory import DirectoryError
 from .owner import OwnerService
 from .publisher import Publisher
-from .redis_directory import RedisDirectory
+from .redis_directory import RedisDirectory, redis_url_for_logs
 from .requester import RemoteReader
+from .secret import ClusterSecret
 from .span import RemoteSpan, fetch_span, remote_span
 from .transfer import Engine
 
@@ -42,19 +44,24 @@ class ClusterNode:
         self.counters = {"remote_lookups": 0, "remote_blocks": 0, "remote_misses": 0,
                          "directory_down": 0}
         self._down_until = 0.0
+        if not config.cluster_secret_file:
+            raise ConfigError("cluster_secret_file='' is not allowed: a cluster node needs the "
+                              "cluster's secret file (--flatcake-cluster-secret-file; "
+                              "docs/cluster-security.md)")
+        secret = ClusterSecret.from_file(config.cluster_secret_file)
         made: list = []
         try:
             self.engine = Engine(config.cluster_bind)
             made.append(self.engine)
-            self.directory = RedisDirectory(config.cluster_directory,
+            self.directory = RedisDirectory(config.cluster_directory, secret,
                                             timeout_s=min(0.5, self.timeout_s))
             made.append(self.directory)
-            self.service = OwnerService(store, self.engine, self.directory,
+            self.service = OwnerService(store, self.engine, secret, self.directory,
                                         host=config.cluster_bind, slots=SLOTS,
                                         slot_blocks=self.chunk_blocks,
                                         lease_s=max(2.0, 2 * self.timeout_s))
             made.append(self.service)
-            self.reader = RemoteReader(self.engine, lay, self.chunk_blocks * RECEIVE_CHUNKS,
+            self.reader = RemoteReader(self.engine, lay, secret, self.chunk_blocks * RECEIVE_CHUNKS,
                                        self.timeout_s, self.chunk_blocks)
             self.directory.join(self.node, self.service.endpoint, exclusive=True)
         except BaseException:
@@ -65,7 +72,8 @@ class ClusterNode:
         store.reclaimer.listeners.append(self.publisher.reclaimed)
         self._store = store
         log.info("flatcake: node %d joined the cluster at %s (serving on %s, transfers %s)",
-                 self.node, config.cluster_directory, self.service.endpoint, self.engine.session)
+                 self.node, redis_url_for_logs(config.cluster_directory), self.service.endpoint,
+                 self.engine.session)
 
     def lookup(self, tenant: str, keys: Sequence[str]) -> RemoteSpan | None:
         """One directory round trip: the leading run of ``keys`` other live nodes hold
@@ -87,7 +95,12 @@ class ClusterNode:
         return fetch_span(self.reader, span, sink, self.timeout_s, self.counters)
 
     def stats(self) -> dict:
-        return {**self.counters, **self.publisher.counters, "node": self.node}
+        d = self.directory
+        return {**self.counters, **self.publisher.counters, "node": self.node,
+                "forged_entries": d.forged, "purged_entries": d.purged, "lease_lost": d.lost,
+                "owner": dict(self.service.counters), "set_aside": self.reader.set_aside,
+                "registered_bytes": self.engine.registered_bytes,
+                "engine_exposed_ports": len(self.engine.exposed)}
 
     def close(self) -> None:
         """Publish what is queued, leave the directory, stop serving; idempotent."""
@@ -103,4 +116,5 @@ class ClusterNode:
             log.warning("flatcake: could not leave the cluster (%s); its lease lapses in %d ms",
                         e, self.directory.lease_ms)
         self.service.close()
+        self.reader.close()
         self.engine.close()

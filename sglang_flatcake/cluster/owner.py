@@ -1,70 +1,77 @@
-"""The owner side: serve a stored session's blocks to other nodes (the messages are
-``wire``'s).
+"""The owner side: serve a stored session's blocks to other nodes of the cluster (the
+messages are ``wire``'s, sealed with the cluster secret).
 
 The owner takes the store's read lease (``FlatCakeStore.read_lease``) on the run before
 reading it and keeps it until the ack or the lease's end, so reclaim cannot take the session
 while a requester pulls it; a session reclaimed before that is a clean miss ("not stored").
-Memory-tier blocks are not copied: the grant points the requester at the store's host arena,
-registered with the engine once (``owner_read``).
+
+No message can stop the service: it checks size and MAC before parsing and the shape after,
+answers every request it received (an error is an answer), and rolls back a grant on any
+failure.  Each requester holds at most ``grants_per_peer`` grants; a grant's slot is
+registered with the Transfer Engine only from the grant to its ack or lease end.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass
 
 from ..errors import ConfigError, FlatCakeError
-from .directory import Directory, tenant_tag
+from . import wire
+from .directory import Directory
+from .owner_read import publish_records, stage_run
+from .secret import ClusterSecret
 from .transfer import Engine, check_host
-from .owner_read import stage_run
 
 log = logging.getLogger("sglang_flatcake")
 
 
 @dataclass
 class _Lease:
-    id: int
+    id: str
+    peer: str              # the requester it was granted to (``from``)
     slot: int
+    addr: int              # the slot's registration
     keys: list[str]
     expires: float
     pin: object            # the store's ReadLease: its sessions stay pinned until release
 
 
 class OwnerService:
-    """Serves ``store``'s blocks through ``engine``.  ``publish`` records what a tenant may
-    fetch (and tells the directory); ``sweep`` drops entries of sessions the store reclaimed.
+    """Serves ``store``'s blocks through ``engine`` to nodes holding ``secret``.  ``publish``
+    records what a tenant may fetch (with the writer's records) and tells the directory;
+    ``sweep`` drops entries of sessions the store reclaimed.
 
-    Owns the staging region (``slots`` slots of ``slot_blocks`` blocks, registered once) and
-    the REP socket thread; ``close`` stops both (the store stays the caller's)."""
+    Owns the staging region (``slots`` slots of ``slot_blocks`` blocks, never registered at
+    rest) and the REP socket thread; ``close`` stops both (the store stays the caller's)."""
 
-    def __init__(self, store, engine: Engine, directory: Directory | None = None,
-                 host: str = "127.0.0.1", port: int = 0, slots: int = 4,
-                 slot_blocks: int = 256, lease_s: float = 2.0) -> None:
+    def __init__(self, store, engine: Engine, secret: ClusterSecret,
+                 directory: Directory | None = None, host: str = "127.0.0.1", port: int = 0,
+                 slots: int = 4, slot_blocks: int = 256, lease_s: float = 2.0,
+                 grants_per_peer: int = 2) -> None:
         import zmq
-        if slots < 1 or slot_blocks < 1:
-            raise ConfigError(f"slots={slots!r}, slot_blocks={slot_blocks!r}: both must be >= 1")
+        if slots < 1 or slot_blocks < 1 or grants_per_peer < 1:
+            raise ConfigError(f"slots={slots!r}, slot_blocks={slot_blocks!r}, grants_per_peer="
+                              f"{grants_per_peer!r}: each must be >= 1")
         if lease_s <= 0:
             raise ConfigError(f"lease_s={lease_s!r} is not allowed: expected > 0")
         self.store, self.engine, self.directory = store, engine, directory
-        self.slot_blocks, self.lease_s = slot_blocks, lease_s
+        self.secret = secret
+        self.slot_blocks, self.lease_s, self.grants_per_peer = slot_blocks, lease_s, grants_per_peer
         self.staging = store.alloc_blocks(slots * slot_blocks)    # aligned for O_DIRECT
-        self.staging_addr = engine.register(self.staging)
-        arena = store.arena.buf        # memory-tier blocks are read from here, not copied
-        self.arena_addr = engine.register(arena) if arena.nbytes else None
-        self._slot_bytes = slot_blocks * store.layout.block_bytes
         self._leases: dict[int, _Lease] = {}                       # slot -> lease
-        self._ids = itertools.count(1)
         self._free = list(range(slots))
-        self._tenants: dict[str, dict[str, list[str]]] = {}       # tag -> session -> keys
-        self._allowed: dict[str, set[str]] = {}                    # tag -> keys
+        self._tenants: dict[str, dict[str, dict[str, None]]] = {}  # tag -> session -> keys
+        self._records: dict[str, dict[str, str]] = {}              # tag -> key -> record
         self._lock = threading.Lock()
+        self.counters = {"requests": 0, "refused": 0, "grants": 0, "expired": 0}
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * wire.MAX_MESSAGE)   # larger: dropped unread
         host = check_host(host)
         if port:
             self._sock.bind(f"tcp://{host}:{port}")
@@ -77,29 +84,39 @@ class OwnerService:
 
     # ------------------------------------------------------------------ what may be served
     def publish(self, tenant: str, session: str, keys: list[str]) -> None:
-        """Let ``tenant`` fetch ``keys`` of ``session`` (already stored) and tell the directory."""
-        tag = tenant_tag(tenant)
+        """Let ``tenant`` fetch the stored leading run of ``keys`` of ``session``: record each
+        block's publish-time record, then tell the directory."""
+        tag = self.secret.tag(tenant)
+        recs = publish_records(self.store, self.secret, tag, list(keys))
+        keys = list(keys[:len(recs)])
         with self._lock:
-            self._tenants.setdefault(tag, {}).setdefault(session, []).extend(keys)
-            self._allowed.setdefault(tag, set()).update(keys)
-        if self.directory is not None:
+            self._tenants.setdefault(tag, {}).setdefault(session, {}).update(dict.fromkeys(keys))
+            self._records.setdefault(tag, {}).update(zip(keys, recs))
+        if self.directory is not None and keys:
             self.directory.publish(tenant, session, keys)
 
     def sweep(self, tenant: str) -> list[str]:
         """Drop (here and in the directory) ``tenant``'s sessions of which the store no
         longer holds every key -- call after a reclaim.  Returns the sessions dropped."""
-        tag = tenant_tag(tenant)
+        tag = self.secret.tag(tenant)
         gone = []
         with self._lock:
             for session, keys in list(self._tenants.get(tag, {}).items()):
-                if keys and self.store.exists(keys) < len(keys):
+                if keys and self.store.exists(list(keys)) < len(keys):
                     gone.append(session)
                     del self._tenants[tag][session]
-            self._allowed[tag] = {k for ks in self._tenants.get(tag, {}).values() for k in ks}
+            live = {k for ks in self._tenants.get(tag, {}).values() for k in ks}
+            recs = self._records.get(tag, {})
+            self._records[tag] = {k: recs[k] for k in live if k in recs}
         for session in gone:
             if self.directory is not None:
                 self.directory.remove_session(tenant, session)
         return gone
+
+    def held(self, peer: str | None = None) -> int:
+        """Grants outstanding (for ``peer``, or all)."""
+        with self._lock:
+            return sum(1 for l in self._leases.values() if peer is None or l.peer == peer)
 
     # ------------------------------------------------------------------ requests
     def _serve(self) -> None:
@@ -109,82 +126,113 @@ class OwnerService:
         while not self._stop.is_set():
             if not poller.poll(50):
                 continue
-            try:
-                req = json.loads(self._sock.recv())
-                op = req.get("op")
-                rep = (self._fetch(req) if op == "fetch" else self._ack(req) if op == "ack"
-                       else {"error": f"unknown op {op!r}"})
-            except (ValueError, KeyError, TypeError) as e:
-                rep = {"error": f"bad request: {e}"}
-            except FlatCakeError as e:      # the store refused (closed, I/O): a miss, logged
-                log.warning("flatcake: owner could not serve a fetch: %s", e)
-                rep = {"error": f"owner store: {e}"}
-            self._sock.send(json.dumps(rep).encode())
+            raw = self._sock.recv()
+            self._sock.send(wire.seal(self.secret, self._answer(raw)))
+
+    def _answer(self, raw: bytes) -> dict:
+        """The reply to one raw request: never raises (every request is answered)."""
+        self.counters["requests"] += 1
+        nonce = ""
+        try:
+            req = wire.unseal(self.secret, raw)
+            nonce = wire.need(req, "nonce", str)[:64]
+            wire.fresh(req)
+            op, peer = wire.need(req, "op", str), wire.need(req, "from", str)[:128]
+            if op == "fetch":
+                rep = self._fetch(peer, wire.need(req, "tag", str),
+                                  wire.keys_of(req)[:self.slot_blocks])
+            elif op == "ack":
+                rep = self._ack(peer, wire.need(req, "lease", str))
+            else:
+                raise wire.WireError(f"unknown op {op[:40]!r}")
+        except wire.WireError as e:
+            self.counters["refused"] += 1
+            rep = {"error": f"bad request: {e}"}
+        except FlatCakeError as e:      # the store refused (closed, I/O): a miss, logged
+            log.warning("flatcake: owner could not serve a fetch: %s", e)
+            rep = {"error": f"owner store: {e}"}
+        except Exception as e:          # a bug must not stop the service: answered, logged
+            log.exception("flatcake: owner request failed")
+            rep = {"error": f"owner failed: {type(e).__name__}"}
+        rep["re"] = nonce
+        return rep
 
     def _expire(self, now: float) -> None:
         for slot, lease in list(self._leases.items()):
             if lease.expires <= now:
-                del self._leases[slot]
-                lease.pin.release()
-                self._free.append(slot)
+                self.counters["expired"] += 1
+                self._end(slot)
 
-    def _fetch(self, req: dict) -> dict:
-        keys = [str(k) for k in req["keys"]][: self.slot_blocks]
-        tag = tenant_tag(req["tenant"])
+    def _end(self, slot: int) -> _Lease:
+        """Drop ``slot``'s lease: unregister the slot, unpin the run, free the slot."""
+        lease = self._leases.pop(slot)
+        self.engine.unregister(lease.addr)
+        lease.pin.release()
+        self._free.append(slot)
+        return lease
+
+    def _fetch(self, peer: str, tag: str, keys: list[str]) -> dict:
         with self._lock:
-            allowed = self._allowed.get(tag, set())
-            n = next((i for i, k in enumerate(keys) if k not in allowed), len(keys))
+            recs = self._records.get(tag, {})
+            n = next((i for i, k in enumerate(keys) if k not in recs), len(keys))
             self._expire(time.monotonic())
-            if n == 0 or not self._free:
-                return {"hits": 0, "reason": "not published" if n == 0 else "busy"}
+            if n == 0:
+                return {"hits": 0, "reason": "not published"}
+            if not self._free or sum(l.peer == peer for l in self._leases.values()) \
+                    >= self.grants_per_peer:
+                return {"hits": 0, "reason": "busy"}
             slot = self._free.pop()
-        view = self.staging[slot * self.slot_blocks: slot * self.slot_blocks + n]
-        view_addr = self.staging_addr + slot * self._slot_bytes
-        pin = None
+            records = [recs[k] for k in keys[:n]]
+        pin = addr = None
         try:
             pin = self.store.read_lease(keys[:n])       # pinned until the ack or the lease ends
-            got = stage_run(self.store, pin, view, view_addr, self.arena_addr)
-        except FlatCakeError:
+            view = self.staging[slot * self.slot_blocks: slot * self.slot_blocks + pin.n]
+            got = stage_run(self.store, pin, view, view.ctypes.data)
+            if got.hits == 0:
+                raise _NotStored
+            addr = self.engine.register(view[:got.hits])
+            lease = _Lease(secrets.token_hex(16), peer, slot, addr, keys[:got.hits],
+                           time.monotonic() + self.lease_s, pin)
+            with self._lock:
+                self._leases[slot] = lease
+        except BaseException as e:                   # rolled back: nothing stays held
+            if addr is not None:
+                self.engine.unregister(addr)
             if pin is not None:
                 pin.release()
             with self._lock:
-                self._free.append(slot)      # rolled back: the slot is free again
-            raise
-        if got.hits == 0:
-            pin.release()
-            with self._lock:
                 self._free.append(slot)
-            return {"hits": 0, "reason": "not stored"}
-        lease = _Lease(next(self._ids), slot, keys[:got.hits], time.monotonic() + self.lease_s,
-                       pin)
-        with self._lock:
-            self._leases[slot] = lease
+            if isinstance(e, _NotStored):
+                return {"hits": 0, "reason": "not stored"}
+            raise
+        self.counters["grants"] += 1
         return {"hits": got.hits, "lease": lease.id, "peer": self.engine.session,
-                "addr": view_addr, "bytes": got.hits * self.store.layout.block_bytes,
-                "segments": got.segments, "from_ssd": got.from_ssd,
-                "read_commands": got.read_commands, "checksums": got.checksums}
+                "bytes": got.hits * self.store.layout.block_bytes, "segments": got.segments,
+                "records": records[:got.hits], "from_ssd": got.from_ssd,
+                "read_commands": got.read_commands}
 
-    def _ack(self, req: dict) -> dict:
-        lid = int(req["lease"])
+    def _ack(self, peer: str, lid: str) -> dict:
         with self._lock:
             self._expire(time.monotonic())
-            slot = next((s for s, l in self._leases.items() if l.id == lid), None)
+            slot = next((s for s, l in self._leases.items() if l.id == lid and l.peer == peer),
+                        None)
             if slot is None:
                 return {"valid": False, "reason": "lease expired"}
-            lease = self._leases.pop(slot)
-            self._free.append(slot)
+            lease = self._end(slot)
         stored = self.store.exists(lease.keys) == len(lease.keys)
-        lease.pin.release()
         return {"valid": stored, "reason": "" if stored else "reclaimed"}
 
     def close(self) -> None:
-        """Stop serving; a second call does nothing."""
+        """Stop serving and drop every grant; a second call does nothing."""
         if self._stop.is_set():
             return
         self._stop.set()
         self._thread.join()
         self._sock.close()
         with self._lock:
-            for lease in self._leases.values():
-                lease.pin.release()
-            self._leases.clear()
+            for slot in list(self._leases):
+                self._end(slot)
+
+
+class _NotStored(Exception):
+    """The run went between the lookup and the read (rolled back as a miss)."""

@@ -1,7 +1,8 @@
 """An owner node process for tests and benchmarks: a real FlatCakeStore on real files,
 filled with one session, served through ``OwnerService``.
 
-``python -m sglang_flatcake.cluster.owner_main --root DIR --blocks N [...]`` prints one JSON
+``python -m sglang_flatcake.cluster.owner_main --root DIR --blocks N --secret-file F [...]``
+prints one JSON
 line ``{"ready": true, "endpoint": ..., ...}`` and then obeys stdin lines: ``clear`` (free
 every session, sweep the directory; prints ``{"cleared": n}``), ``local`` (time a local
 ``get`` of the session; prints its figures), ``quit``.
@@ -35,6 +36,13 @@ def session_blocks(block_bytes: int, keys: list[str]) -> np.ndarray:
     return out
 
 
+def _cpu() -> float:
+    """User + system CPU seconds of this process, every thread."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", required=True)
@@ -53,6 +61,10 @@ def parse(argv):
     p.add_argument("--lease-s", type=float, default=2.0)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--slot-blocks", type=int, default=0, help="default: --blocks")
+    p.add_argument("--secret-file", required=True, help="the cluster secret")
+    p.add_argument("--raw-bytes", type=int, default=0,
+                   help="benchmarks: register a buffer this large (random bytes, no tenant's) "
+                        "for a raw Transfer Engine read to compare with (its address: raw_addr)")
     return p.parse_args(argv)
 
 
@@ -63,7 +75,9 @@ def main(argv=None) -> int:
     from ..placement import WriteSignals
     from ..store import FlatCakeStore
     from .owner import OwnerService
+    from .secret import ClusterSecret
     from .transfer import Engine
+    secret = ClusterSecret.from_file(a.secret_file)
     layout = KVLayout.mha(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim,
                           dtype="bfloat16", page_tokens=a.page_tokens)
     cfg = FlatCakeConfig(memory_bytes=a.memory_bytes, ssd_bytes=a.ssd_bytes, node_id=a.node,
@@ -78,9 +92,11 @@ def main(argv=None) -> int:
     directory = None
     if a.redis:
         from .redis_directory import RedisDirectory
-        directory = RedisDirectory(a.redis)
+        directory = RedisDirectory(a.redis, secret)
     engine = Engine(a.host)
-    svc = OwnerService(store, engine, directory, host=a.host, slots=a.slots,
+    raw = np.random.default_rng(0).integers(0, 256, a.raw_bytes, np.uint8)
+    raw_addr = engine.register(raw) if a.raw_bytes else None
+    svc = OwnerService(store, engine, secret, directory, host=a.host, slots=a.slots,
                        slot_blocks=a.slot_blocks or a.blocks, lease_s=a.lease_s)
     if directory is not None:
         directory.join(a.node, svc.endpoint)
@@ -89,7 +105,8 @@ def main(argv=None) -> int:
     print(json.dumps({"ready": True, "endpoint": svc.endpoint, "te": engine.session,
                       "stored": put.stored, "blocks_ssd": st["blocks_ssd"],
                       "blocks_memory": st["blocks_memory"], "put_s": put_s,
-                      "staging_addr": svc.staging_addr}), flush=True)
+                      "staging_addr": svc.staging.ctypes.data, "raw_addr": raw_addr}),
+          flush=True)
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "clear":
@@ -98,10 +115,11 @@ def main(argv=None) -> int:
             print(json.dumps({"cleared": n}), flush=True)
         elif cmd == "local":
             out = store.alloc_blocks(a.blocks)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), _cpu()
             g = store.get(keys, out)
-            dt = time.perf_counter() - t
-            print(json.dumps({"local_s": dt, "hits": g.hits, "bytes": g.hits * layout.block_bytes,
+            dt, dc = time.perf_counter() - t, _cpu() - c
+            print(json.dumps({"local_s": dt, "local_cpu_s": dc, "hits": g.hits,
+                              "bytes": g.hits * layout.block_bytes,
                               "read_commands": g.read_commands}), flush=True)
         elif cmd == "quit":
             break

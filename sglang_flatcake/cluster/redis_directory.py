@@ -2,8 +2,8 @@
 
 Layout of the Redis key space (``ns`` prefix, default ``fc``; ``tenant`` is ``tenant_tag``):
 
-- ``{ns}:n:{node}``                      -> ``"{incarnation}|{endpoint}"``, a lease (PX ttl)
-- ``{ns}:t:{tenant}:p:{key}``            -> ``"{node}|{incarnation}"``  (last writer wins)
+- ``{ns}:n:{node}``                      -> ``"{incarnation}|{endpoint}|{mac}"``, a lease (PX ttl)
+- ``{ns}:t:{tenant}:p:{key}``            -> ``"{node}|{incarnation}|{mac}"``  (last writer wins)
 - ``{ns}:t:{tenant}:s:{node}:{session}`` -> set of the session's keys (for removal)
 - ``{ns}:ns:{node}``                     -> set of this node's session keys (for leave)
 
@@ -12,17 +12,40 @@ that leaves, dies (lease expires) or restarts (new incarnation) loses its entrie
 time, with no sweep.  ``lookup`` is one Lua script call (EVALSHA; the very first call on a
 server also loads the script): every page key and the owners'
 leases are read server-side in a single round trip.
+
+Every lease and entry carries a MAC under the cluster secret (``ClusterSecret``) over what it
+says (node, incarnation, endpoint; tenant tag, key); ``lookup`` ends the run at the first one
+that fails, so a Redis writer without the secret can delete entries (a miss) but never point
+a node at an owner or a page.  The lease is refreshed and dropped by compare-and-set (a node
+id taken over is never written back), and ``join`` purges what dead incarnations of its node
+id left behind.  The password can come from ``FLATCAKE_REDIS_PASSWORD`` instead of the URL;
+``redis_url_for_logs`` hides it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError
-from .directory import Directory, DirectoryError, Lookup, tenant_tag
-from .redis_lua import LOOKUP, REMOVE
+from .directory import Directory, DirectoryError, Lookup
+from .redis_lua import BEAT, LEAVE, LOOKUP, PURGE, REMOVE
+from .secret import ClusterSecret
+
+log = logging.getLogger("sglang_flatcake")
+
+
+def redis_url_for_logs(url: str) -> str:
+    """``url`` with any password replaced by ``***``."""
+    u = urlsplit(url)
+    if u.password is None:
+        return url
+    host = u.hostname + (f":{u.port}" if u.port else "")
+    user = f"{u.username}:***@" if u.username else ":***@"
+    return urlunsplit((u.scheme, user + host, u.path, u.query, u.fragment))
 
 
 class RedisDirectory(Directory):
@@ -32,8 +55,8 @@ class RedisDirectory(Directory):
     lease every third of it.  ``timeout_s`` bounds every call (a partitioned directory is a
     ``DirectoryError``, which callers treat as a miss)."""
 
-    def __init__(self, url: str, lease_ms: int = 3000, timeout_s: float = 0.5,
-                 namespace: str = "fc") -> None:
+    def __init__(self, url: str, secret: ClusterSecret, lease_ms: int = 3000,
+                 timeout_s: float = 0.5, namespace: str = "fc") -> None:
         import redis
         if lease_ms < 30:
             raise ConfigError(f"lease_ms={lease_ms!r} is not allowed: expected >= 30")
@@ -41,12 +64,20 @@ class RedisDirectory(Directory):
             raise ConfigError(f"timeout_s={timeout_s!r} is not allowed: expected > 0")
         if not namespace or "|" in namespace or ":" in namespace:
             raise ConfigError(f"namespace={namespace!r} is not allowed: non-empty, no ':' or '|'")
-        self.lease_ms, self.ns = lease_ms, namespace
+        self.lease_ms, self.ns, self.secret = lease_ms, namespace, secret
+        pw = os.environ.get("FLATCAKE_REDIS_PASSWORD")
         self._r = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                       socket_connect_timeout=timeout_s, decode_responses=True)
+                                       socket_connect_timeout=timeout_s, decode_responses=True,
+                                       **({"password": pw} if pw else {}))
         self._redis_errors = (redis.RedisError, OSError)
         self._lookup = self._r.register_script(LOOKUP)
         self._remove = self._r.register_script(REMOVE)
+        self._beat_cas = self._r.register_script(BEAT)
+        self._leave_cas = self._r.register_script(LEAVE)
+        self._purge = self._r.register_script(PURGE)
+        self.lost = False            # set when another process took this node id's lease
+        self.purged = 0              # entries of dead incarnations removed at join
+        self.forged = 0              # entries/leases that failed their MAC at lookup
         self.node: int | None = None
         self._lease_value = ""
         self._stop = threading.Event()
@@ -58,10 +89,10 @@ class RedisDirectory(Directory):
         return f"{self.ns}:n:{node}"
 
     def _page_prefix(self, tenant: str) -> str:
-        return f"{self.ns}:t:{tenant_tag(tenant)}:p:"
+        return f"{self.ns}:t:{self.secret.tag(tenant)}:p:"
 
     def _session_key(self, tenant: str, session: str) -> str:
-        return f"{self.ns}:t:{tenant_tag(tenant)}:s:{self.node}:{session}"
+        return f"{self.ns}:t:{self.secret.tag(tenant)}:s:{self.node}:{session}"
 
     def _call(self, what: str, fn, *a, **kw):
         try:
@@ -80,14 +111,17 @@ class RedisDirectory(Directory):
         if self.node is not None:
             raise DirectoryError(f"already joined as node {self.node}")
         inc = os.urandom(8).hex()
-        self._lease_value = f"{inc}|{endpoint}"
-        self._entry = f"{node}|{inc}"
+        mac = self.secret.mac(b"lease", node, inc, endpoint).hex()
+        self._lease_value = f"{inc}|{endpoint}|{mac}"
+        self._inc, self._entry = inc, f"{node}|{inc}|"
         if not self._call("join", self._r.set, self._lease_key(node), self._lease_value,
                           px=self.lease_ms, nx=exclusive):
-            held = self._call("join", self._r.get, self._lease_key(node)) or "|?"
+            held = self._call("join", self._r.get, self._lease_key(node)) or "|?|"
             raise ConfigError(f"node={node!r} is already in the cluster (its lease is held by "
-                              f"{held.split('|', 1)[1]}): give each server its own node id")
-        self.node = node
+                              f"{held.split('|')[1]}): give each server its own node id")
+        self.purged = int(self._call("join", self._purge, keys=[f"{self.ns}:ns:{node}"],
+                                     args=[f"{node}|", self._entry]))
+        self.node, self.lost = node, False
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat, name=f"fc-lease-{node}", daemon=True)
         self._beat.start()
@@ -97,9 +131,15 @@ class RedisDirectory(Directory):
         beat (the lease may lapse meanwhile: entries read as misses until it is back)."""
         while not self._stop.wait(self.lease_ms / 3000):
             try:
-                self._r.set(self._lease_key(self.node), self._lease_value, px=self.lease_ms)
+                held = self._beat_cas(keys=[self._lease_key(self.node)],
+                                      args=[self._lease_value, self.lease_ms])
             except self._redis_errors:
                 continue
+            if not held:               # another process holds this node id now: stop
+                self.lost = True
+                log.error("flatcake: node %d's lease was taken by another process; this node "
+                          "no longer refreshes it (its entries read as misses)", self.node)
+                return
 
     def _stop_beat(self) -> None:
         self._stop.set()
@@ -115,7 +155,10 @@ class RedisDirectory(Directory):
         for sk in self._call("leave", self._r.smembers, node_sessions):
             prefix = sk.split(":s:")[0] + ":p:"
             self._call("leave", self._remove, keys=[sk, node_sessions], args=[self._entry, prefix])
-        self._call("leave", self._r.delete, self._lease_key(self.node), node_sessions)
+        self._call("leave", self._leave_cas, keys=[self._lease_key(self.node)],
+                   args=[self._lease_value])
+        if not self.lost:
+            self._call("leave", self._r.delete, node_sessions)
         self.node = None
 
     # ------------------------------------------------------------------ entries
@@ -126,7 +169,9 @@ class RedisDirectory(Directory):
             return
         pre, sk = self._page_prefix(tenant), self._session_key(tenant, session)
         p = self._r.pipeline(transaction=True)
-        p.mset({pre + k: self._entry for k in keys})
+        tag = pre.split(":t:", 1)[1][:-3]
+        p.mset({pre + k: self._entry + self.secret.mac(b"entry", tag, k, self.node,
+                                                        self._inc).hex() for k in keys})
         p.sadd(sk, *keys)
         p.sadd(f"{self.ns}:ns:{self.node}", sk)
         self._call("publish", p.execute)
@@ -142,10 +187,22 @@ class RedisDirectory(Directory):
         if not keys:
             return Lookup(0, (), {})
         pre = self._page_prefix(tenant)
-        owners, eps = self._call("lookup", self._lookup, keys=[pre + k for k in keys],
-                                 args=[f"{self.ns}:n:"])
-        endpoints = {int(eps[i]): eps[i + 1] for i in range(0, len(eps), 2)}
-        return Lookup(len(owners), tuple(int(o) for o in owners), endpoints)
+        tag = pre.split(":t:", 1)[1][:-3]
+        owners, eps, entries = self._call("lookup", self._lookup, keys=[pre + k for k in keys],
+                                          args=[f"{self.ns}:n:"])
+        leases = {eps[i]: eps[i + 1] for i in range(0, len(eps), 2)}
+        endpoints: dict[int, str] = {}
+        n = 0
+        for key, e in zip(keys, entries):
+            node, inc, mac = e.split("|", 2)
+            ep, _, lmac = leases.get(node, "").rpartition("|")
+            if not (node.isdigit() and self.secret.check(mac, b"entry", tag, key, int(node), inc)
+                    and self.secret.check(lmac, b"lease", int(node), inc, ep)):
+                self.forged += 1
+                break
+            endpoints[int(node)] = ep
+            n += 1
+        return Lookup(n, tuple(int(o) for o in owners[:n]), endpoints)
 
     def close(self) -> None:
         if self._closed:

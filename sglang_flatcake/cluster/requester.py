@@ -2,18 +2,28 @@
 
 ``fetch`` asks the owner's service for the leading run of ``keys`` in chunks of
 ``chunk_blocks``, pipelined: two chunks move at once (one Transfer Engine read each into a
-registered receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
+receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
 next into another staging slot meanwhile (at most two of its slots held), and a landed
-chunk is verified on a verifier thread while the next ones move.  Every (block, layer) is
-verified against the owner's xxh3_64 checksums; every chunk is acked, and only then is the
-verified leading run copied into ``out``.  Every step shares one deadline (``timeout_s``): a dead,
-slow or partitioned owner is ``RemoteResult(hits=0, reason=...)`` by then, never a hang, and
-``out`` is untouched unless ``hits > 0``.
+chunk is verified on a verifier thread while the next ones move.  Every block is verified
+against the *writing node's* record of it (``wire.block_record``: a MAC under the cluster
+secret over its per-layer xxh3_64 checksums, made at publish time), never against anything
+the owner computes at serve time; every chunk is acked, and only then is the verified leading
+run copied into ``out``.
+
+The receive buffer is not reachable by peers while it is verified or scattered: over ``tcp``
+it is never registered (the engine reads into unregistered memory); over ``rdma`` it is
+registered for one fetch and unregistered once its last transfer has ended, before
+verification.  A buffer a late transfer may still write is set aside (at most
+``MAX_SET_ASIDE``; beyond that a fetch is a miss until they end).
+
+Every step shares one deadline (``timeout_s``): a dead, slow or partitioned owner is
+``RemoteResult(hits=0, reason=...)`` by then, never a hang, and ``out`` is untouched unless
+``hits > 0``.
 """
 
 from __future__ import annotations
 
-import json
+import hmac
 from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
@@ -25,8 +35,10 @@ import xxhash
 
 from ..errors import ConfigError
 from ..layout import KVLayout
+from . import wire
+from .secret import ClusterSecret
 from .transfer import Engine, ReadResult
-from .wire import ack_request, fetch_request
+from .wire import ack_request, block_record, fetch_request
 
 
 @dataclass(frozen=True)
@@ -45,8 +57,10 @@ class RemoteReader:
     of ``max_blocks`` blocks; a buffer a late transfer may still write is set aside (kept
     alive, never reused) and a fresh one registered."""
 
-    def __init__(self, engine: Engine, layout: KVLayout, max_blocks: int = 256,
-                 timeout_s: float = 1.0, chunk_blocks: int = 0) -> None:
+    MAX_SET_ASIDE = 4
+
+    def __init__(self, engine: Engine, layout: KVLayout, secret: ClusterSecret,
+                 max_blocks: int = 256, timeout_s: float = 1.0, chunk_blocks: int = 0) -> None:
         import zmq
         if timeout_s <= 0:
             raise ConfigError(f"timeout_s={timeout_s!r} is not allowed: expected > 0 seconds")
@@ -56,40 +70,79 @@ class RemoteReader:
             raise ConfigError(f"chunk_blocks={chunk_blocks!r} is not allowed: 0 (one chunk) "
                               f"or a positive block count")
         self.chunk_blocks = chunk_blocks or max_blocks
-        self.engine, self.layout = engine, layout
+        self.engine, self.layout, self.secret = engine, layout, secret
         self.max_blocks, self.timeout_s = max_blocks, timeout_s
         self._zmq = zmq
         self._ctx = zmq.Context.instance()
+        self._idle: dict[str, list] = {}          # endpoint -> REQ sockets ready to send
         self._verifier = ThreadPoolExecutor(1, thread_name_prefix="fc-verify")
         self._set_aside: list[tuple[np.ndarray, list[threading.Event]]] = []
         self._new_buffer()
 
     def _new_buffer(self) -> None:
-        self._set_aside = [(b, ev) for b, ev in self._set_aside if not all(e.is_set() for e in ev)]
+        self._prune()
         self.buf = np.zeros((self.max_blocks, self.layout.layers, self.layout.block_layer_bytes),
                             np.uint8)
-        self.buf_addr = self.engine.register(self.buf)
+        self.buf_addr = self.buf.ctypes.data
+
+    def _prune(self) -> None:
+        """Forget set-aside buffers whose late transfers have all ended."""
+        keep = []
+        for b, ev in self._set_aside:
+            if all(e.is_set() for e in ev):
+                self.engine.unregister(b.ctypes.data)     # a no-op over tcp
+            else:
+                keep.append((b, ev))
+        self._set_aside = keep
+
+    @property
+    def set_aside(self) -> int:
+        """Buffers a late transfer may still write (kept alive, never read)."""
+        return len(self._set_aside)
 
     def _send(self, endpoint: str, msg: dict):
-        s = self._ctx.socket(self._zmq.REQ)
-        s.setsockopt(self._zmq.LINGER, 0)
-        s.connect(endpoint)
-        s.send(json.dumps(msg).encode())
-        return s
+        """Send ``msg`` on an idle socket to ``endpoint`` (one kept from an answered call, or
+        a new one): a connection per call would cost both sides a handshake."""
+        idle = self._idle.get(endpoint)
+        if idle:
+            s = idle.pop()
+        else:
+            s = self._ctx.socket(self._zmq.REQ)
+            s.setsockopt(self._zmq.LINGER, 0)
+            s.setsockopt(self._zmq.MAXMSGSIZE, 4 * wire.MAX_MESSAGE)
+            s.connect(endpoint)
+        s.send(wire.seal(self.secret, msg))
+        return s, msg["nonce"], endpoint
 
-    def _recv(self, s, deadline: float) -> dict | None:
-        """The reply on ``s`` within the deadline (``None`` if none came); closes ``s``."""
+    def _recv(self, call, deadline: float) -> dict | None:
+        """The reply to ``call`` within the deadline (``None`` if none came; an
+        ``{"error": ...}`` for one not authenticated or not answering this request).  The
+        socket goes back to the idle ones only after a good answer, else it is closed."""
+        s, nonce, endpoint = call
+        keep = False
         try:
             left = deadline - time.monotonic()
             if left <= 0 or not s.poll(int(left * 1000) + 1, self._zmq.POLLIN):
                 return None
-            return json.loads(s.recv())
+            rep = wire.unseal(self.secret, s.recv())
+            if rep.get("re") != nonce:
+                raise wire.WireError("reply to another request")
+            keep = True
+            return rep
+        except wire.WireError as e:
+            return {"error": f"bad reply: {e}", "valid": False}
         finally:
-            s.close()
+            if keep and len(self._idle.setdefault(endpoint, [])) < 4:
+                self._idle[endpoint].append(s)
+            else:
+                s.close()
 
-    def _call(self, endpoint: str, msg: dict, deadline: float) -> dict | None:
-        """One request/reply within the deadline; ``None`` when the owner did not answer."""
-        return self._recv(self._send(endpoint, msg), deadline)
+    def close(self) -> None:
+        """Close the idle sockets (the reader stays usable: new ones open on demand)."""
+        for socks in self._idle.values():
+            for s in socks:
+                s.close()
+        self._idle.clear()
 
     def fetch(self, endpoint: str, tenant: str, keys: Sequence[str], out: np.ndarray | None,
               on_grant: Callable[[dict], None] | None = None,
@@ -109,10 +162,16 @@ class RemoteReader:
         if want is not None and want.shape[0] < len(keys):
             raise ValueError(f"out holds {want.shape[0]} blocks for {len(keys)} keys")
         chunks = [(i, keys[i:i + self.chunk_blocks]) for i in range(0, len(keys), self.chunk_blocks)]
+        self._prune()
+        if len(self._set_aside) >= self.MAX_SET_ASIDE:
+            return RemoteResult(0, 0, 0.0, "too many late transfers")
+        tag, me = self.secret.tag(tenant), self.engine.session
+        if self.engine.registers_local:        # rdma: reachable for this fetch only
+            self.engine.register(self.buf)
         good, moved, reason, t_grant, cmds = 0, 0, "", 0.0, 0
         bb = self.layout.block_bytes
         acks: list[list] = []       # [chunk start, socket until answered else None, answer]
-        jobs, failed, flying = [], None, None   # flying: (start, n, checksums, job, lease)
+        jobs, failed, flying = [], None, None   # flying: (start, n, (tag, keys, records), job, lease)
 
         def land(chunk) -> bool:
             """Wait for ``chunk``'s transfer and ack it (its slot is free again)."""
@@ -122,19 +181,23 @@ class RemoteReader:
                 failed = r
                 return False
             moved += chunk[1] * bb
-            acks.append([chunk[0], self._send(endpoint, ack_request(chunk[4])), None])
+            acks.append([chunk[0], self._send(endpoint, ack_request(chunk[4], me)), None])
             return True
 
         checks: list = []           # (start, n, future of _verified), in chunk order
+        deferred: list = []         # rdma: verified once the buffer is unregistered
 
         def check(chunk) -> bool:
             """Queue a landed chunk's verification on the verifier thread (so the next
             chunk's grant and transfer start meanwhile); False once any queued one failed."""
+            if self.engine.registers_local:
+                deferred.append(chunk[:3])
+                return True
             checks.append((chunk[0], chunk[1],
                            self._verifier.submit(self._verified, *chunk[:3])))
             return not any(f.done() and f.result() < n for _, n, f in checks)
 
-        pending = self._send(endpoint, fetch_request(tenant, chunks[0][1]))
+        pending = self._send(endpoint, fetch_request(tag, chunks[0][1], me))
         for k, (start, ck) in enumerate(chunks):
             grant = self._recv(pending, deadline)
             pending = None
@@ -144,18 +207,16 @@ class RemoteReader:
             if grant.get("error") or not grant.get("hits"):
                 reason = grant.get("error") or grant.get("reason", "miss")
                 break
-            n, nbytes = int(grant["hits"]), int(grant["bytes"])
-            if n > len(ck) or nbytes != n * bb:
+            fields = wire.grant_fields(grant, len(ck), bb)
+            if fields is None:
                 reason = "bad grant"
                 break
+            n, segs, records = fields
             t_grant = t_grant or time.monotonic() - t0
-            cmds += int(grant.get("read_commands", 0))
+            rc = grant.get("read_commands")
+            cmds += rc if type(rc) is int else 0
             if on_grant is not None:
                 on_grant(grant)
-            segs = grant.get("segments") or [[0, grant["addr"], nbytes]]
-            if not _segments_fit(segs, n, bb):
-                reason = "bad grant"
-                break
             if deadline <= time.monotonic():
                 failed = ReadResult(False, "timeout")
                 break
@@ -163,18 +224,21 @@ class RemoteReader:
             jobs.append(self.engine.start_read(
                 grant["peer"], [self.buf_addr + (start + int(s[0])) * bb for s in segs],
                 [int(s[1]) for s in segs], [int(s[2]) for s in segs]))
-            prev, flying = flying, (start, n, grant["checksums"], jobs[-1], grant["lease"])
+            prev, flying = flying, (start, n, (tag, ck, records), jobs[-1], grant["lease"])
             if prev is not None and not land(prev):
                 break
             if acks and acks[-1][1] is not None:   # the landed chunk's slot is free again
                 acks[-1][1:] = [None, self._recv(acks[-1][1], deadline)]   # before a fetch
             more = k + 1 < len(chunks) and n == len(ck)
             if more:                                  # the owner reads the next chunk
-                pending = self._send(endpoint, fetch_request(tenant, chunks[k + 1][1]))
+                pending = self._send(endpoint, fetch_request(tag, chunks[k + 1][1], me))
             if (prev is not None and not check(prev)) or not more:
                 break                                 # (verified while this one moves)
         if failed is None and flying is not None and land(flying):
+            self._unexpose()              # rdma: no peer can write the buffer from here on
             check(flying)
+            checks.extend((c[0], c[1], self._verifier.submit(self._verified, *c))
+                          for c in deferred)
         for at, n, f in checks:      # ``good`` ends at the first bad (block, layer)
             ok = f.result()
             good = at + ok
@@ -188,14 +252,16 @@ class RemoteReader:
             if late:
                 self._set_aside.append((self.buf, late))
                 self._new_buffer()
-            for sock in [a[1] for a in acks if a[1] is not None] + ([pending] if pending else []):
-                sock.close()
+            else:
+                self._unexpose()
+            for call in [a[1] for a in acks if a[1] is not None] + ([pending] if pending else []):
+                call[0].close()
             return RemoteResult(0, moved, time.monotonic() - t0, "transfer " + failed.reason,
                                 cmds, t_grant)
         if pending is not None:       # a chunk the loop stopped before: give its lease back
             late = self._recv(pending, deadline)
-            if late and late.get("lease"):
-                self._recv(self._send(endpoint, ack_request(late["lease"])), deadline)
+            if late and isinstance(late.get("lease"), str):
+                self._recv(self._send(endpoint, ack_request(late["lease"], me)), deadline)
         for start, sock, ack in acks:
             ack = ack if sock is None else self._recv(sock, deadline)
             if ack is None or not ack.get("valid"):
@@ -211,21 +277,19 @@ class RemoteReader:
         return RemoteResult(good, moved, time.monotonic() - t0,
                             reason if good < len(keys) else "", cmds, t_grant)
 
-    def _verified(self, start: int, n: int, sums) -> int:
-        """Leading blocks of ``buf[start:start + n]`` whose every layer matches ``sums``."""
+    def _unexpose(self) -> None:
+        """Unregister the receive buffer (rdma; call once every transfer into it ended)."""
+        if self.engine.registers_local:
+            self.engine.unregister(self.buf_addr)
+
+    def _verified(self, start: int, n: int, asked) -> int:
+        """Leading blocks of ``buf[start:start + n]`` that match the writer's records."""
+        tag, keys, records = asked
         h = xxhash.xxh3_64_intdigest
+        sums = np.empty(self.layout.layers, np.uint64)
         for i in range(n):
-            if any(h(self.buf[start + i, j]) != int(sums[i][j])
-                   for j in range(self.layout.layers)):
+            for j in range(self.layout.layers):
+                sums[j] = h(self.buf[start + i, j])
+            if not hmac.compare_digest(block_record(self.secret, tag, keys[i], sums), records[i]):
                 return i
         return n
-
-
-def _segments_fit(segs, n: int, block_bytes: int) -> bool:
-    """Do a grant's segments tile its ``n`` blocks exactly, in order, in whole blocks?"""
-    at = 0
-    for first, _, nbytes in segs:
-        if int(first) != at or int(nbytes) <= 0 or int(nbytes) % block_bytes:
-            return False
-        at += int(nbytes) // block_bytes
-    return at == n

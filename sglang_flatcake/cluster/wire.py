@@ -1,48 +1,109 @@
-"""The owner/requester wire protocol: JSON messages over a ZeroMQ REQ/REP pair, and the
-per-(block, layer) checksums a grant carries.
+"""The owner/requester wire protocol: sealed JSON messages over a ZeroMQ REQ/REP pair, and
+the per-block records a grant carries.
 
-Protocol (JSON over a ZeroMQ REP socket bound to the operator's address):
+Every message is ``MAC || JSON`` (``seal``): a 16-byte keyed BLAKE2b of the JSON under the
+cluster secret.  ``unseal`` checks the size (``MAX_MESSAGE``) and the MAC *before* parsing,
+then the shape, so a peer without the secret gets nothing parsed, and a malformed message is
+an error answer, never a stopped service.  Requests carry a fresh ``nonce`` that the reply
+echoes (``re``), so an old reply cannot stand in for a new one, and ``ts``, the sender's
+clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed later.
 
-- ``{"op": "fetch", "tenant": T, "keys": [...]}`` -> ``{"hits": n, "lease": id, "peer": te,
-  "addr": a, "bytes": b, "segments": [[first block, address, bytes], ...], "checksums":
-  [[...] per block]}``.  The owner reads the leading stored run of ``keys`` that ``T``
-  published (``owner_read.stage_run``: merged O_DIRECT reads of the SSD pieces, one command
-  per merged range, straight into a registered staging slot at ``a``; memory-tier blocks stay
-  in the store's registered arena) and holds the slot and the run's read lease for the
-  requester until it acks or ``lease_s`` passes.  Each segment is one transfer: consecutive
-  SSD blocks in the slot, or consecutive arena slots (one segment ``[0, a, b]`` for a run all
-  on SSD).  ``hits == 0`` is a miss (not stored, another tenant's keys, or every slot busy).
-  Checksums are the store's own for SSD blocks (written with the segment; the owner does not
-  hash the bytes it reads, the requester checks them where they land) and hashed from the
-  arena for memory blocks.
-- ``{"op": "ack", "lease": id}`` -> ``{"valid": bool}``: frees the slot; ``valid`` is true
-  only when the lease was still held (the slot was not reused) *and* the store still holds
-  the run (``exists``): a session reclaimed while the transfer ran is a miss, never served.
+- ``fetch {tag, keys, from}`` -> ``{hits, lease, peer, bytes, segments, records, ...}``: the
+  owner stages the leading published run of ``keys`` for tenant ``tag`` in a staging slot
+  registered with the Transfer Engine for this grant only (``segments``: ``[first block,
+  address, bytes]``), and holds it for requester ``from`` until its ack or ``lease_s``.
+  ``records`` are the writing node's publish-time records of those blocks (``block_record``),
+  not anything computed at serve time.  ``hits == 0`` is a miss (with a ``reason``).
+- ``ack {lease, from}`` -> ``{valid}``: unregisters and frees the slot; only the requester the
+  lease was granted to can ack it; ``valid`` only when the run was stored throughout.
 """
 
 from __future__ import annotations
 
+import json
+import secrets
+import time
+
 import numpy as np
-import xxhash
+
+from .secret import MAC_BYTES, ClusterSecret
+
+MAX_MESSAGE = 1 << 20          # bytes a message may have (checked before parsing)
+MAX_SKEW_S = 30.0              # a request's ``ts`` this far from the owner's clock is refused
+MAX_KEY_CHARS = 256
+MAX_KEYS = 4096                # keys one request may name
 
 
-def fetch_request(tenant: str, keys: list[str]) -> dict:
-    """Ask for the leading stored run of ``keys`` that ``tenant`` may read."""
-    return {"op": "fetch", "tenant": tenant, "keys": keys}
+class WireError(ValueError):
+    """A message that is too large, unauthenticated, or malformed (its text says which)."""
 
 
-def ack_request(lease: int) -> dict:
+def seal(secret: ClusterSecret, msg: dict) -> bytes:
+    """``msg`` as sent: its MAC, then its JSON."""
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    return secret.mac(b"msg", body) + body
+
+
+def unseal(secret: ClusterSecret, raw: bytes, limit: int = MAX_MESSAGE) -> dict:
+    """The message in ``raw`` when it is at most ``limit`` bytes, authenticated and a JSON
+    object; else ``WireError``."""
+    if len(raw) > limit:
+        raise WireError(f"message of {len(raw)} bytes: over the {limit}-byte limit")
+    if len(raw) <= MAC_BYTES or not secret.check(raw[:MAC_BYTES], b"msg", raw[MAC_BYTES:]):
+        raise WireError("message not authenticated by the cluster secret")
+    try:
+        msg = json.loads(raw[MAC_BYTES:])
+    except (ValueError, RecursionError) as e:
+        raise WireError(f"message is not JSON: {type(e).__name__}") from e
+    if not isinstance(msg, dict):
+        raise WireError(f"message is a {type(msg).__name__}, not an object")
+    return msg
+
+
+def need(msg: dict, name: str, kind: type | tuple):
+    """``msg[name]`` when it is a ``kind`` (never a bool); else ``WireError``."""
+    v = msg.get(name)
+    if not isinstance(v, kind) or isinstance(v, bool):
+        names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise WireError(f"field {name!r}={str(v)[:40]!r}: expected {names}")
+    return v
+
+
+def fresh(msg: dict) -> None:
+    """``WireError`` unless ``msg['ts']`` is within ``MAX_SKEW_S`` of this node's clock."""
+    ts = need(msg, "ts", (int, float))
+    if not abs(time.time() - ts) <= MAX_SKEW_S:
+        raise WireError(f"request ts={ts!r} is stale or from the future")
+
+
+def keys_of(msg: dict, most: int = MAX_KEYS) -> list[str]:
+    """The request's ``keys``: a list of at most ``most`` short strings; else ``WireError``."""
+    keys = need(msg, "keys", list)
+    if len(keys) > most or not all(isinstance(k, str) and 0 < len(k) <= MAX_KEY_CHARS
+                                   for k in keys):
+        raise WireError(f"keys: expected at most {most} strings of 1..{MAX_KEY_CHARS} chars")
+    return keys
+
+
+def _request(op: str, sender: str, **fields) -> dict:
+    return {"op": op, "from": sender, "nonce": secrets.token_hex(8), "ts": time.time(), **fields}
+
+
+def fetch_request(tag: str, keys: list[str], sender: str) -> dict:
+    """Ask for the leading published run of ``keys`` of tenant ``tag`` (``ClusterSecret.tag``)."""
+    return _request("fetch", sender, tag=tag, keys=keys)
+
+
+def ack_request(lease: str, sender: str) -> dict:
     """Give a grant's slot back; the reply says whether the run was valid throughout."""
-    return {"op": "ack", "lease": lease}
+    return _request("ack", sender, lease=lease)
 
 
-def block_checksums(blocks: np.ndarray, known: np.ndarray | None = None) -> list[list[int]]:
-    """xxh3_64 of every (block, layer) of ``(n, layers, block_layer_bytes)``, as the store
-    writes them; a nonzero ``known[i, j]`` (the store's own checksum) is taken as is."""
-    h = xxhash.xxh3_64_intdigest
-    n, layers = blocks.shape[:2]
-    return [[int(known[i, j]) if known is not None and known[i, j] else h(blocks[i, j])
-             for j in range(layers)] for i in range(n)]
+def block_record(secret: ClusterSecret, tag: str, key: str, sums: np.ndarray) -> str:
+    """The writing node's record of one block: a MAC over its tenant, key and per-layer
+    xxh3_64 checksums (``sums``), hex.  A requester recomputes the checksums of the bytes it
+    received and accepts them only if this record matches."""
+    return secret.mac(b"block", tag, key, np.ascontiguousarray(sums, "<u8").tobytes()).hex()
 
 
 def plan_checksums(plan, n: int, layers: int) -> np.ndarray:
@@ -51,3 +112,23 @@ def plan_checksums(plan, n: int, layers: int) -> np.ndarray:
     keep = plan.piece_dest < n
     known[plan.piece_dest[keep], plan.piece_layer[keep]] = plan.piece_checksum[keep]
     return known
+
+
+def grant_fields(grant: dict, asked: int, block_bytes: int):
+    """``(n, segments, records)`` of a well-formed grant for at most ``asked`` blocks whose
+    segments tile its ``n`` blocks exactly, in order, in whole blocks; else None."""
+    n, segs, recs = grant.get("hits"), grant.get("segments"), grant.get("records")
+    if type(n) is not int or not 0 < n <= asked or grant.get("bytes") != n * block_bytes \
+            or not isinstance(segs, list) or not isinstance(recs, list) or len(recs) != n \
+            or not all(isinstance(r, str) for r in recs) \
+            or not isinstance(grant.get("lease"), str) or not isinstance(grant.get("peer"), str):
+        return None
+    at = 0
+    for seg in segs:
+        if not isinstance(seg, list) or len(seg) != 3 or any(type(x) is not int for x in seg):
+            return None
+        first, _, nbytes = seg
+        if first != at or nbytes <= 0 or nbytes % block_bytes:
+            return None
+        at += nbytes // block_bytes
+    return (n, segs, recs) if at == n else None

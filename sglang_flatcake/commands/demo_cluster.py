@@ -3,7 +3,8 @@
 
 Starts redis-server (the page directory), a server with no cache at all (the reference) and
 two CPU servers with flatcake, each with its own store, ``--flatcake-node-id 0|1`` and the
-same ``--flatcake-cluster-directory``.  Session 1's first two turns and session 2's first
+same ``--flatcake-cluster-directory`` and ``--flatcake-cluster-secret-file`` (a fresh random
+secret, mode 600, in the work folder).  Session 1's first two turns and session 2's first
 turn go to node 0; session 1's third turn goes to node 1, which restores the history from
 node 0 through the Transfer Engine (``remote_storage_tokens``: node 1's storage hits on it;
 ``same_logprobs``: its answer against the reference's).  Then node 0 is SIGKILLed, and node 1
@@ -20,6 +21,7 @@ demo exists to show.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -60,12 +62,16 @@ def run_nodes(args) -> int:
         directory = RedisServer(work / "redis").start()
     except (RuntimeError, TimeoutError) as e:
         raise DemoFailure(f"the directory did not start: {e}") from None
+    secret = work / "cluster.secret"
+    with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(os.urandom(32).hex())
     ref = ServerProcess(cpu_server_args(model, "", PAGE, backend="none",
                                         extra=["--disable-radix-cache"]),
                         log_path=str(work / "reference.log"))
     nodes = [ServerProcess(cpu_server_args(model, str(work / f"store{i}"), PAGE, extra=[
         "--enable-metrics", "--flatcake-node-id", str(i), "--flatcake-cluster-directory",
-        directory.url, "--flatcake-remote-timeout-s", str(TIMEOUT_S),
+        directory.url, "--flatcake-cluster-secret-file", str(secret),
+        "--flatcake-remote-timeout-s", str(TIMEOUT_S),
         "--flatcake-recompute-when-faster=false"]),       # the demo is about restores
         log_path=str(work / f"node{i}.log")) for i in range(2)]
     try:

@@ -1,4 +1,4 @@
-"""The directory contract, against a real redis-server (tests/redis_fixture.py)."""
+"""The directory contract, against a real redis-server (tests/support/redis_server.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from sglang_flatcake.cluster.redis_directory import RedisDirectory
 from sglang_flatcake.errors import ConfigError
 
 from tests.support import chain, extend
+from tests.support.redis_server import TEST_SECRET
+from sglang_flatcake.cluster.secret import ClusterSecret
+
+SECRET = ClusterSecret(TEST_SECRET)
 
 
 @pytest.fixture
@@ -18,7 +22,7 @@ def make(redis_url):  # noqa: F811
     made = []
 
     def _make(node=None, endpoint=None, **kw):
-        d = RedisDirectory(redis_url, **kw)
+        d = RedisDirectory(redis_url, SECRET, **kw)
         made.append(d)
         if node is not None:
             d.join(node, endpoint or f"tcp://127.0.0.1:{7000 + node}")
@@ -140,7 +144,7 @@ def test_bad_arguments_are_named(make, redis_url):  # noqa: F811
     with pytest.raises(ConfigError, match="endpoint="):
         d.join(1, "a|b")
     with pytest.raises(ConfigError, match="lease_ms=1"):
-        RedisDirectory(redis_url, lease_ms=1)
+        RedisDirectory(redis_url, SECRET, lease_ms=1)
     with pytest.raises(ConfigError, match="tenant="):
         d.lookup(None, ["k"])
 
@@ -148,7 +152,7 @@ def test_bad_arguments_are_named(make, redis_url):  # noqa: F811
 def test_unreachable_directory_is_an_error_within_bound():
     pytest.importorskip("redis", reason="PyPI redis client missing (pip install redis)")
     from tests.support import free_port
-    d = RedisDirectory(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    d = RedisDirectory(f"redis://127.0.0.1:{free_port()}/0", SECRET, timeout_s=0.2)
     with pytest.raises(DirectoryError, match="lookup failed"):
         d.lookup("", chain(2))
     d.close()

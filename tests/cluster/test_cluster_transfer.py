@@ -18,24 +18,31 @@ pytest.importorskip("mooncake.engine", reason="Mooncake Transfer Engine not inst
                     "(pip install mooncake-transfer-engine-non-cuda)")
 pytest.importorskip("zmq", reason="pyzmq not installed")
 
+from tests.support.redis_server import TEST_SECRET  # noqa: E402
 
 from sglang_flatcake.cluster.redis_directory import RedisDirectory  # noqa: E402
 from sglang_flatcake.cluster.owner_main import session_blocks, session_keys  # noqa: E402
-from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
+from sglang_flatcake.cluster.requester import RemoteReader as _Reader  # noqa: E402
+from sglang_flatcake.cluster.secret import ClusterSecret  # noqa: E402
 from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
 
 LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
 BOUND = 1.0          # the requester's timeout_s
+SECRET = ClusterSecret(TEST_SECRET)
+
+
+def RemoteReader(engine, layout, **kw):
+    return _Reader(engine, layout, SECRET, **kw)
 SLACK = 0.5          # thread start-up and scheduling on a loaded 2-core machine
 
 
 class Owner:
-    def __init__(self, root, blocks=48, extra=()):
+    def __init__(self, root, secret, blocks=48, extra=()):
         self.keys = session_keys(blocks, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_flatcake.cluster.owner_main", "--root", str(root),
-             "--blocks", str(blocks), *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+             "--blocks", str(blocks), "--secret-file", secret, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         if not line:
@@ -68,11 +75,11 @@ def engine():
 
 
 @pytest.fixture
-def owner(tmp_path):
+def owner(tmp_path, secret_file):  # noqa: F811
     made = []
 
     def _owner(**kw):
-        o = Owner(tmp_path / f"store{len(made)}", **kw)
+        o = Owner(tmp_path / f"store{len(made)}", secret_file, **kw)
         made.append(o)
         return o
 
@@ -116,21 +123,26 @@ def test_memory_tier_session_and_partial_request(engine, owner):
     assert r.hits == 20
     np.testing.assert_array_equal(out[:20], expected(o.keys[:20]))
     assert not out[20:].any()
-    # read straight from the owner's registered arena, never from its staging region
+    # copied into the owner's staging slot (the arena is never registered)
     staging = (o.info["staging_addr"], o.info["staging_addr"] + 2 * 48 * LAYOUT.block_bytes)
     segs = [s for g in grants for s in g["segments"]]
     assert sum(s[2] for s in segs) == 20 * LAYOUT.block_bytes
-    assert all(not staging[0] <= s[1] < staging[1] for s in segs), (segs, staging)
+    assert all(staging[0] <= s[1] < staging[1] for s in segs), (segs, staging)
 
 
 def test_an_ssd_run_is_one_segment_and_grants_must_tile_their_blocks(engine, owner):
-    from sglang_flatcake.cluster.requester import _segments_fit
+    from sglang_flatcake.cluster.wire import grant_fields
+
+    def _segments_fit(segs, n, bb):
+        g = {"hits": n, "bytes": n * bb, "segments": segs, "records": ["r"] * n,
+             "lease": "l", "peer": "p"}
+        return grant_fields(g, n, bb) is not None
     o = owner(blocks=16)
     grants = []
     r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, empty(16),
                                                             on_grant=grants.append)
     assert r.hits == 16 and [g["segments"] for g in grants] == \
-        [[[0, grants[0]["addr"], 16 * LAYOUT.block_bytes]]]
+        [[[0, grants[0]["segments"][0][1], 16 * LAYOUT.block_bytes]]]
     reader = RemoteReader(engine, LAYOUT, timeout_s=BOUND)
     assert reader.fetch(o.endpoint, "", o.keys, None).hits == 16     # no copy: in the buffer
     np.testing.assert_array_equal(reader.buf[:16], expected(o.keys))
@@ -139,11 +151,12 @@ def test_an_ssd_run_is_one_segment_and_grants_must_tile_their_blocks(engine, own
     assert not _segments_fit([[0, 1, 2 * bb], [3, 9, bb]], 4, bb)      # a hole
     assert not _segments_fit([[0, 1, bb + 1]], 1, bb)                  # not whole blocks
     assert not _segments_fit([[0, 1, 2 * bb]], 1, bb)                  # past the grant
+    assert not _segments_fit([[0, 1.5, bb]], 1, bb)                    # not an int
 
 
 def test_found_through_the_directory(engine, owner, redis_url):  # noqa: F811
     o = owner(extra=("--redis", redis_url, "--node", "7", "--tenant", "acme"))
-    d = RedisDirectory(redis_url)
+    d = RedisDirectory(redis_url, SECRET)
     try:
         look = d.lookup("acme", o.keys + ["tail-not-stored"])
         assert (look.hits, set(look.owners), look.endpoints) == (48, {7}, {7: o.endpoint})
@@ -167,7 +180,7 @@ def test_tenants_apart_on_the_owner(engine, owner, redis_url):  # noqa: F811
     r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "b", o.keys, out)
     assert (r.hits, r.reason) == (0, "not published")
     assert not out.any()
-    d = RedisDirectory(redis_url)
+    d = RedisDirectory(redis_url, SECRET)
     assert d.lookup("b", o.keys).hits == 0 and d.lookup("a", o.keys).hits == 48
     d.close()
 
@@ -223,7 +236,7 @@ def test_session_pinned_during_transfer_then_reclaimed(engine, owner, redis_url,
     assert (r.hits, r.reason) == (48, "")
     np.testing.assert_array_equal(out, expected(o.keys))
     assert o.command("clear") == {"cleared": 1}
-    d = RedisDirectory(redis_url)
+    d = RedisDirectory(redis_url, SECRET)
     assert d.lookup("", o.keys).hits == 0           # the sweep removed the session's entries
     d.close()
     out[:] = 0
@@ -246,7 +259,7 @@ def test_checksum_mismatch_cuts_the_run(engine, owner):
     out = empty(48)
 
     def spoil(grant):
-        grant["checksums"][30][2] ^= 1             # block 30, layer 2 no longer matches
+        grant["records"][30] = "00" * 16           # block 30's record no longer matches
 
     r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, out,
                                                             on_grant=spoil)
@@ -301,7 +314,7 @@ def test_owner_store_closed_is_a_miss_and_the_service_keeps_serving(engine, tmp_
     store = FlatCakeStore(tmp_path / "s", LAYOUT, FlatCakeConfig(memory_bytes=0, durable=False))
     keys = session_keys(8, "a")
     store.put(keys, session_blocks(LAYOUT.block_bytes, keys))
-    svc = OwnerService(store, engine, slot_blocks=8)
+    svc = OwnerService(store, engine, SECRET, slot_blocks=8)
     try:
         svc.publish("", "s", keys)
         reader = RemoteReader(engine, LAYOUT, timeout_s=BOUND)

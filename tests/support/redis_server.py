@@ -18,3 +18,16 @@ def redis_url(tmp_path):
     from sglang_flatcake.commands.redis_server import RedisServer
     with RedisServer(tmp_path / "redis") as server:
         yield server.url
+
+
+TEST_SECRET = b"flatcake-tests-cluster-secret-0123456789"
+
+
+@pytest.fixture
+def secret_file(tmp_path):
+    """A cluster secret file (``TEST_SECRET``, mode 600) for nodes and owner processes."""
+    import os
+    path = tmp_path / "cluster.secret"
+    path.write_bytes(TEST_SECRET + b"\n")
+    os.chmod(path, 0o600)
+    return str(path)

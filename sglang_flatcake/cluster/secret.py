@@ -1,0 +1,85 @@
+"""The cluster secret: every node of a cluster reads the same secret file
+(``--flatcake-cluster-secret-file``), and everything one node tells another is authenticated
+with it -- owner messages and grants (``wire``), directory entries and leases
+(``redis_directory``), and the per-block records a writing node makes at publish time
+(``records``).  Tenant tags are keyed with it, so a tag reveals nothing about its salt.
+
+The MAC is keyed BLAKE2b (``hashlib``, RFC 7693 keyed mode, 16-byte tags), one derived key
+per purpose (``person``), every part length-prefixed.  The secret never appears in
+``repr``, logs or messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+
+from ..errors import ConfigError
+
+MIN_SECRET_BYTES = 16
+MAC_BYTES = 16
+
+
+class ClusterSecret:
+    """A cluster's shared secret.  ``mac`` tags bytes for one ``purpose``; ``check`` compares
+    in constant time; ``tag`` is a tenant's keyed key-space prefix."""
+
+    def __init__(self, secret: bytes) -> None:
+        if not isinstance(secret, (bytes, bytearray)) or len(secret) < MIN_SECRET_BYTES:
+            raise ConfigError(f"the cluster secret has {len(secret or b'')} bytes: expected at "
+                              f"least {MIN_SECRET_BYTES} (e.g. `head -c 32 /dev/urandom > FILE`)")
+        self._key = hashlib.blake2b(bytes(secret), digest_size=64,
+                                    person=b"flatcake-cluster").digest()
+
+    @classmethod
+    def from_file(cls, path: str) -> "ClusterSecret":
+        """Read the secret from ``path`` (a trailing newline is dropped).  ``ConfigError``
+        names the path (never the contents) when it is missing, short, or readable by
+        other users."""
+        try:
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ConfigError(f"cluster_secret_file={path!r} could not be read: "
+                              f"{e.strerror}") from e
+        if st.st_mode & 0o077:
+            raise ConfigError(f"cluster_secret_file={path!r} is readable by group or others "
+                              f"(mode {st.st_mode & 0o777:o}): chmod 600 it")
+        data = data.rstrip(b"\r\n")
+        if len(data) < MIN_SECRET_BYTES:
+            raise ConfigError(f"cluster_secret_file={path!r} holds {len(data)} bytes: expected "
+                              f"at least {MIN_SECRET_BYTES}")
+        return cls(data)
+
+    def mac(self, purpose: bytes, *parts: bytes | str | int) -> bytes:
+        """A 16-byte keyed BLAKE2b of ``parts`` (each length-prefixed) for ``purpose``
+        (at most 16 bytes: the hash's personalisation, so tags never cross purposes)."""
+        h = hashlib.blake2b(key=self._key, digest_size=MAC_BYTES, person=purpose)
+        for p in parts:
+            b = p.encode() if isinstance(p, str) else (str(p).encode() if isinstance(p, int)
+                                                       else bytes(p))
+            h.update(struct.pack("<Q", len(b)))
+            h.update(b)
+        return h.digest()
+
+    def check(self, tag: bytes | str, purpose: bytes, *parts) -> bool:
+        """Does ``tag`` (bytes, or hex) authenticate ``parts`` for ``purpose``?"""
+        if isinstance(tag, str):
+            try:
+                tag = bytes.fromhex(tag)
+            except ValueError:
+                return False
+        return hmac.compare_digest(tag, self.mac(purpose, *parts))
+
+    def tag(self, tenant: str) -> str:
+        """The tenant's (``cache_salt``'s) key-space prefix: keyed, so nobody without the
+        secret can link a tag to its salt or guess one."""
+        if not isinstance(tenant, str):
+            raise ConfigError(f"tenant={tenant!r} is not a string (cache_salt)")
+        return self.mac(b"tenant", tenant).hex()
+
+    def __repr__(self) -> str:
+        return "ClusterSecret(<hidden>)"
