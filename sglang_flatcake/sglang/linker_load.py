@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +41,10 @@ from ..read.to_slots import blocks_to_slots, check_slots
 from ..read.window import LayerWindow
 
 log = logging.getLogger("sglang_flatcake")
+# Test hooks (never set in production): fill a load's slots with NaN before restoring into
+# them (a page the restore misses then shows), and slow SSD reads by seconds per MiB.
+POISON_ENV = "FLATCAKE_TEST_POISON_LOAD_SLOTS"
+DELAY_ENV = "FLATCAKE_TEST_SSD_DELAY_S_PER_MIB"
 WINDOW_BYTES = 32 << 20          # one window buffer; larger layers are read in pieces
 
 
@@ -104,6 +109,11 @@ class LayerLoader:
             self.window = LayerWindow(engine, WINDOW_BYTES, depth, device=dev.name)
         self.pool_thread = ThreadPoolExecutor(1, thread_name_prefix="flatcake-load")
         self.pool_thread.submit(warm_up)
+        self.poison = os.environ.get(POISON_ENV, "") == "1"
+        self.delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        if self.poison or self.delay:
+            log.warning("flatcake linker: test hooks set (%s=%s, %s=%s)", POISON_ENV,
+                        self.poison, DELAY_ENV, self.delay)
         self._lock = threading.Lock()
 
     def submit(self, batch: Batch) -> None:
@@ -151,6 +161,8 @@ class LayerLoader:
         keys = [k for ld in batch.loads for k in ld.keys]
         slots = np.concatenate([ld.slots for ld in batch.loads])
         dests, first_slot = check_slots(lay, keys, pool.dest_k, pool.dest_v, slots)
+        if self.poison:
+            pool.poison(slots)
         reads, offset = [], 0
         mem_src, mem_dest = [], []
         for ld in batch.loads:
@@ -178,6 +190,8 @@ class LayerLoader:
             t0 = time.monotonic()
 
             def scatter_fn(layer, buf, src_off, dest, mask=None):
+                if self.delay:                  # a slower disk, for benchmarks and tests
+                    time.sleep(self.delay * len(dest) * plan.piece_bytes / (1 << 20))
                 ev = scatter_layer(buf, src_off, first_slot[dest], [d[layer] for d in dests],
                                    lay, stream=stream, mask=mask)
                 n = len(dest)

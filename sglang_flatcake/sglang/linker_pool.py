@@ -80,3 +80,10 @@ class DevicePool:
                      for layer in range(len(self.k))]
         blocks = torch.stack(per_layer, dim=1).contiguous().cpu()
         return blocks.view(torch.uint8).reshape(n, len(self.k), -1).numpy()
+
+    def poison(self, slots) -> None:
+        """Fill ``slots`` of every layer with NaN (a test hook: see ``linker_load``)."""
+        idx = torch.as_tensor(slots, dtype=torch.int64).to(self.k[0].device)
+        for part in self.parts:
+            for buf in part:
+                buf[idx] = float("nan") if buf.dtype.is_floating_point else 0xFF
