@@ -90,9 +90,13 @@ def slots(first_page: int, pages: int) -> torch.Tensor:
     return torch.arange(first_page * PAGE, (first_page + pages) * PAGE, dtype=torch.int64)
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(params=["host", "emulated"])
+def server(tmp_path, request, monkeypatch):
+    """``emulated``: the CPU pool served as device memory (``FLATCAKE_EMULATE_DEVICE``), so
+    loads take the GPU's branch: a device window, checksum flags, scatter launches."""
+    monkeypatch.setenv("FLATCAKE_EMULATE_DEVICE", "1" if request.param == "emulated" else "0")
     s = Server(tmp_path / "store")
+    assert (s.linker.pool.device is None) == (request.param == "host")
     yield s
     s.linker.close()
 
