@@ -223,3 +223,18 @@ def test_a_bad_extra_config_value_is_one_line_naming_it(tmp_path):
         Server(tmp_path / "s", high_watermark=1.7)
     assert str(e.value).startswith("linker_extra_config.high_watermark=1.7 is not allowed")
     assert "\n" not in str(e.value)
+
+
+def test_a_node_at_two_different_places_has_no_context_signal():
+    from sglang_flatcake.sglang.linker_signals import find_in_rows
+    rows = torch.zeros((3, 64), dtype=torch.int32)
+    node = slots(5, 2)
+    rows[0, 8:16] = node.to(torch.int32)
+    rows[0, 4:8] = torch.arange(100, 104, dtype=torch.int32)
+    w = find_in_rows(rows, node, PAGE)
+    assert (w.context, w.parent_slot) == (8, 100)
+    rows[1, 0:8] = node.to(torch.int32)           # the same slots at another place: unknown
+    assert find_in_rows(rows, node, PAGE).context is None
+    rows[1, 0:8] = 0
+    rows[2, 12:16] = node[:4].to(torch.int32)      # a partial match does not count
+    assert find_in_rows(rows, node, PAGE).context == 8
