@@ -12,7 +12,6 @@ import os
 import time
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -238,3 +237,17 @@ def test_a_node_at_two_different_places_has_no_context_signal():
     rows[1, 0:8] = 0
     rows[2, 12:16] = node[:4].to(torch.int32)      # a partial match does not count
     assert find_in_rows(rows, node, PAGE).context == 8
+
+
+def test_lookup_cuts_before_the_ssd_when_recomputing_is_faster(server):
+    from sglang_flatcake.sched.rates import Rate
+    keys, src = chain(4, "k"), slots(1, 4)
+    server.fill(src, 6)
+    assert server.offload(keys, src)                  # a first turn: on SSD
+    assert server.lookup(keys) == 4                   # rates unknown: restore
+    decider = server.linker.finder.decider
+    decider.restore, decider.prefill = Rate(1.0), Rate(1e9)    # a slow disk, a fast GPU
+    assert server.lookup(keys) == 0
+    assert decider.counts["recomputed_requests"] == 1
+    decider.restore, decider.prefill = Rate(1e12), Rate(1.0)   # the other way round
+    assert server.lookup(keys) == 4

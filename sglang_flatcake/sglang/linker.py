@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from types import SimpleNamespace
 from typing import Optional
 
-import numpy as np
 import torch
 
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
@@ -106,7 +104,6 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.running: dict[int, Batch] = {}
         self.recompute_tokens: dict[str, int] = {}     # rid -> tail tokens past its restore
         self.counters = {"lookups": 0, "lookup_hit_pages": 0, "loads_refused": 0}
-        self._lock = threading.Lock()
         log.info("flatcake linker: store %s opened (%s, %d B per page, %s memory, %s)",
                  self.store.root, self.pool.layout.kind, self.pool.layout.block_bytes,
                  "host" if self.pool.device is None else self.pool.device.name,
