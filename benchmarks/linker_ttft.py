@@ -78,7 +78,7 @@ def stored_pages(store: Path) -> int:
 def run_mode(mode, model, work, history, suffixes, delay, log_dir) -> dict:
     store = work / f"store-{mode}"
     env = {DELAY_ENV: str(delay)} if delay else {}
-    out = {"uncached_s": [], "restored_s": [], "restored_tokens": []}
+    out = {"restored_s": [], "restored_tokens": []}
     with ServerProcess(server_args(mode, model, store), env=env,
                        log_path=str(log_dir / f"{mode}.log")) as s:
         t, _ = ttft(s, history)                      # turn 1: computed, stored (SSD)
