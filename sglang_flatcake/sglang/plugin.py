@@ -114,9 +114,10 @@ def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict
 
 def _from_cli_args_around(original, cls, args, *a, **kw):
     try:
+        from .linker_config import take_linker_flags      # linker mode: the flags are its own
         args.hicache_storage_backend_extra_config = merged_extra_config(
             args.hicache_storage_backend, args.hicache_storage_backend_extra_config,
-            flatcake_settings(args))
+            take_linker_flags(args, flatcake_settings(args)))
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,0 +1,220 @@
+"""``FlatCakeLinker``: flatcake as SGLang 0.5.23's direct external linker (no host tier).
+
+Selected with SGLang's own flags::
+
+    --enable-unified-cache-external-linker --unified-cache-external-linker-backend dynamic
+    --unified-cache-external-linker-config '{"linker": "FlatCakeLinker",
+        "linker_module_path": "sglang_flatcake.sglang.linker",
+        "linker_extra_config": {"store_dir": "/path", "memory_bytes": "8GiB"}}'
+
+SGLang constructs one per scheduler (rank) and calls it on the scheduler thread; the
+contract is ``unified_cache_linker.UnifiedCacheLinker``.  Each call's stage lives in its
+own module: settings (``linker_config``), the device pool (``linker_pool``), ``lookup``
+(``linker_lookup``), ``load``/``start_layer_wise_loading`` (``linker_load``), ``offload``
+(``linker_offload``, ``linker_signals``).  Each rank opens its own store under
+``store_dir`` (``backend.rank_dir``), as in HiCache mode.  What is not supported is
+refused at start, by name: components other than full attention, pools without
+per-layer KV buffers, MLA with more than one TP rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
+    LayerWiseLoadCounter, UnifiedCacheLinker)
+
+from ..errors import ConfigError
+from ..store import FlatCakeStore
+from .backend import check_writable, rank_dir, rank_ssd_path, store_root
+from .linker_config import linker_config
+from .linker_load import Batch, LayerLoader, Load
+from .linker_lookup import Lookup
+from .linker_offload import Offloader
+from .linker_pool import DevicePool
+from .linker_signals import SlotKeys
+
+log = logging.getLogger("sglang_flatcake")
+
+
+def _rank(params) -> tuple[int, int]:
+    group = getattr(params, "attn_tp_cache_group", None) or getattr(params, "tp_cache_group", None)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(group=group), torch.distributed.get_world_size(group=group)
+    return 0, 1
+
+
+def _event():
+    """An event recorded now on the current stream (CPU servers: SGLang's CPU stand-in)."""
+    from sglang.srt.utils import get_device_module
+    ev = get_device_module().Event()
+    ev.record()
+    return ev
+
+
+class FlatCakeLinker(UnifiedCacheLinker):
+    """One rank's store, linked straight to its device KV pool."""
+
+    def __init__(self, server_args, params, *, components=None, extra_config=None,
+                 forward_stream=None) -> None:
+        self.forward_stream = forward_stream
+        self.config = linker_config(extra_config or {})
+        names = sorted(getattr(c, "name", str(c)) for c in (components or ())
+                       if getattr(c, "name", str(c)) != "FULL")
+        if names:
+            raise ConfigError(f"flatcake linker: tree components {', '.join(names)} are not "
+                              f"supported (full attention only)")
+        kv = params.token_to_kv_pool_allocator.get_kvcache()
+        self.pool = DevicePool(kv, params.page_size)
+        tp_rank, tp_size = _rank(params)
+        if self.pool.kind == "mla" and tp_size > 1:
+            raise ConfigError("flatcake linker: MLA models with --tp-size > 1 are not supported "
+                              "(each rank owns its own store); use --tp-size 1")
+        where = SimpleNamespace(model_name=getattr(server_args, "served_model_name", None)
+                                or getattr(server_args, "model_path", None),
+                                tp_rank=tp_rank, tp_size=tp_size,
+                                pp_rank=getattr(params, "pp_rank", 0),
+                                pp_size=getattr(params, "pp_size", 1),
+                                attn_cp_rank=getattr(params, "attn_cp_rank", 0),
+                                attn_cp_size=getattr(params, "attn_cp_size", 1),
+                                dp_rank=0)
+        root = store_root(self.config, {})
+        check_writable(root)
+        cfg = self.config
+        if cfg.ssd_path:
+            cfg = dataclasses.replace(cfg, ssd_path=rank_ssd_path(cfg.ssd_path, where))
+        self.store = FlatCakeStore(rank_dir(root, where), self.pool.layout, cfg)
+        self.pools = {PoolName.KV: kv}
+        self.layer_done_counter = LayerWiseLoadCounter(len(self.pool.k))
+        self.loader = LayerLoader(self.store, self.pool, self.layer_done_counter,
+                                  cfg.verify_reads, cfg.window_layers)
+        self.finder = Lookup(self.store, self.loader.damaged, cfg.recompute_when_faster)
+        self.loader.restore_rate = self.finder.decider.restore
+        self.slot_keys = SlotKeys()
+        rows = getattr(getattr(params, "req_to_token_pool", None), "req_to_token", None)
+        self.offloader = Offloader(self.store, self.pool, rows, self.slot_keys)
+        self.queued: dict[str, Load] = {}
+        self.running: dict[int, Batch] = {}
+        self.recompute_tokens: dict[str, int] = {}     # rid -> tail tokens past its restore
+        self.counters = {"lookups": 0, "lookup_hit_pages": 0, "loads_refused": 0}
+        log.info("flatcake linker: store %s opened (%s, %d B per page, %s memory, %s)",
+                 self.store.root, self.pool.layout.kind, self.pool.layout.block_bytes,
+                 "host" if self.pool.device is None else self.pool.device.name,
+                 self.store.recovery_report or "new")
+
+    # -- lookup ------------------------------------------------------------------------
+    def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
+        """Every restorable length in pages: 1 .. the run ``Lookup.find`` allows."""
+        kv = next((t for t in transfers if t.name == PoolName.KV), None)
+        if kv is None or not kv.keys:
+            return []
+        found = self.finder.find(list(kv.keys), self._disk_backlog())
+        self.counters["lookups"] += 1
+        self.counters["lookup_hit_pages"] += found.pages
+        self.recompute_tokens[rid] = (found.tail - found.pages) * self.pool.page
+        return list(range(1, found.pages + 1))
+
+    def _disk_backlog(self) -> float:
+        return float(sum(ld.ssd_bytes for ld in self.queued.values())
+                     + sum(ld.ssd_bytes for b in self.running.values() for ld in b.loads))
+
+    # -- load --------------------------------------------------------------------------
+    def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:
+        """Pin the pages and queue the load; False (SGLang recomputes) when the store no
+        longer holds every page, or a transfer is not the KV pool's."""
+        if any(t.name != PoolName.KV for t in transfers) or len(transfers) != 1:
+            return False
+        t = transfers[0]
+        keys = list(t.keys)
+        if rid in self.queued:
+            raise RuntimeError(f"flatcake linker: a load for {rid} is already queued")
+        if any(k in self.loader.damaged for k in keys):
+            self.counters["loads_refused"] += 1
+            return False
+        lease = self.store.read_lease(keys)
+        if lease.n < len(keys):
+            lease.release()
+            self.counters["loads_refused"] += 1
+            return False
+        slots = t.device_indices.to("cpu", torch.int64).numpy()
+        bb = self.store.layout.block_bytes
+        self.queued[rid] = Load(rid, keys, slots, lease, len(lease.ssd) * bb)
+        self.slot_keys.note(t.device_indices.cpu(), keys, self.pool.page)
+        return True
+
+    def cancel_queued_load(self, rid: str) -> bool:
+        ld = self.queued.pop(rid, None)
+        if ld is None:
+            return False
+        ld.lease.release()
+        return True
+
+    def start_layer_wise_loading(self) -> int:
+        """Start every queued load as one batch; its counter index (-1: nothing queued)."""
+        if not self.queued:
+            return -1
+        loads, self.queued = list(self.queued.values()), {}
+        index = self.layer_done_counter.update_producer()
+        batch = Batch(index, loads, _event())
+        self.running[index] = batch
+        self.loader.submit(batch)
+        return index
+
+    def finish_layer_wise_loading(self, counter_index: int) -> bool:
+        """Wait until the batch stops writing device memory; True when every layer landed."""
+        batch = self.running.pop(counter_index, None)
+        if batch is not None and batch.future is not None:
+            batch.future.result()
+        landed = self.layer_done_counter.finish(counter_index)
+        if batch is not None:
+            tokens = sum(self.recompute_tokens.pop(ld.rid, 0) for ld in batch.loads)
+            if landed and not any(ld.ssd_bytes for ld in batch.loads):
+                self.finder.decider.prefill.observe(tokens, time.monotonic() - batch.started)
+        return landed
+
+    # -- offload -----------------------------------------------------------------------
+    def offload(self, transfers: list[PoolTransfer], session_id: Optional[str] = None) -> bool:
+        kv = next((t for t in transfers if t.name == PoolName.KV), None)
+        if kv is None or not kv.keys or kv.device_indices is None:
+            return False
+        self.offloader.submit(list(kv.keys), kv.device_indices, self.record_offload_ready(),
+                              session_id)
+        return True
+
+    def num_completed_offloads(self) -> int:
+        return self.offloader.num_completed()
+
+    def pop_completed_offload(self) -> bool:
+        return self.offloader.pop_completed()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def reset(self) -> None:
+        """``/flush_cache``: finish what runs, drop what is queued; the store keeps its data."""
+        for rid in list(self.queued):
+            self.cancel_queued_load(rid)
+        for index in list(self.running):
+            self.finish_layer_wise_loading(index)
+        self.offloader.drain()
+        self.offloader.drop_results()
+        self.layer_done_counter.reset()
+        self.slot_keys.clear()
+        self.recompute_tokens.clear()
+
+    def close(self) -> None:
+        self.reset()
+        self.offloader.close()
+        self.loader.close()
+        log.info("flatcake linker: closing; %s", self.stats())
+        self.store.close()
+
+    def stats(self) -> dict:
+        return {**self.counters, "load": dict(self.loader.counters),
+                "offload": dict(self.offloader.counters), "decision": self.finder.stats(),
+                "damaged_pages": len(self.loader.damaged)}

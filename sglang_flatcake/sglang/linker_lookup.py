@@ -1,0 +1,60 @@
+"""``lookup`` in linker mode: how much of a request's uncached tail to restore.
+
+The restorable run is the leading run of the tail's keys the store holds (one index probe
+per page), stopped before any key whose checksum failed in this process
+(``LayerLoader.damaged``).  When the run has SSD pages, ``sched.recompute`` decides (the
+same ``RestoreOrRecompute`` as HiCache mode): the SSD part is restored only while that
+ends no later than recomputing it, the disk backlog being the SSD bytes of the loads
+queued or running in this linker.  Otherwise the run is cut before its first SSD page
+(memory pages are still restored).
+
+Rates: restores measure themselves (``LayerLoader``); the prefill rate is sampled from
+load batches that read nothing from the SSD: the tokens the batch's loading requests
+recompute (their tails past the restored run) over the time from the batch's start to its
+``finish`` (a lower bound on the rate: other requests in the batch are not seen, so the
+decision leans to restoring).  Until a rate is known the decision restores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import address as addr
+from ..sched.rates import Rate
+from ..sched.recompute import RestoreOrRecompute
+
+
+@dataclass(frozen=True)
+class Found:
+    """``pages`` to restore of ``tail`` pages; ``ssd_pages`` of them on SSD."""
+
+    pages: int
+    tail: int
+    ssd_pages: int
+    cut: bool                        # the run was cut before its first SSD page
+
+
+class Lookup:
+    def __init__(self, store, damaged: set, enabled: bool) -> None:
+        self.store, self.damaged = store, damaged
+        self.decider = RestoreOrRecompute(Rate(), Rate(), enabled)
+
+    def find(self, keys: list[str], disk_backlog_bytes: float) -> Found:
+        """The restorable run of ``keys`` (counts one decision when it has SSD pages)."""
+        where = self.store.locate(keys)
+        n = 0
+        for k, a in zip(keys, where):
+            if a is None or k in self.damaged:
+                break
+            n += 1
+        ssd = [i for i, a in enumerate(where[:n]) if a.medium == addr.Medium.SSD]
+        if not ssd:
+            return Found(n, len(keys), 0, False)
+        page, bb = self.store.layout.page_tokens, self.store.layout.block_bytes
+        choice = self.decider.choose(len(ssd) * bb, (n - ssd[0]) * page, disk_backlog_bytes, 0)
+        if choice.restore:
+            return Found(n, len(keys), len(ssd), False)
+        return Found(ssd[0], len(keys), 0, True)
+
+    def stats(self) -> dict:
+        return self.decider.stats()
