@@ -135,6 +135,13 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "sglang.srt.observability.metrics_collector.StorageMetrics": (
         "prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth"),
     "sglang.srt.mem_cache.storage.backend_factory.StorageBackendFactory": ("register_backend",),
+    # the direct external linker (linker*.py)
+    "sglang.srt.mem_cache.cache_init_params.CacheInitParams": (
+        "token_to_kv_pool_allocator", "page_size", "req_to_token_pool", "attn_tp_cache_group",
+        "tp_cache_group", "pp_rank", "pp_size", "attn_cp_rank", "attn_cp_size"),
+    "sglang.srt.server_args.ServerArgs": (
+        "served_model_name", "model_path", "enable_unified_cache_external_linker",
+        "unified_cache_external_linker_config", "unified_cache_external_linker_backend"),
     "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController": (
         "parse_storage_backend_extra_config",),
     "sglang.srt.server_args.ServerArgs": (

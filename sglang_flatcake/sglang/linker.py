@@ -45,7 +45,7 @@ log = logging.getLogger("sglang_flatcake")
 
 
 def _rank(params) -> tuple[int, int]:
-    group = getattr(params, "attn_tp_cache_group", None) or getattr(params, "tp_cache_group", None)
+    group = params.attn_tp_cache_group or params.tp_cache_group
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(group=group), torch.distributed.get_world_size(group=group)
     return 0, 1
@@ -66,8 +66,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
                  forward_stream=None) -> None:
         self.forward_stream = forward_stream
         self.config = linker_config(extra_config or {})
-        names = sorted(getattr(c, "name", str(c)) for c in (components or ())
-                       if getattr(c, "name", str(c)) != "FULL")
+        names = sorted(c.name for c in (components or ()) if c.name != "FULL")
         if names:
             raise ConfigError(f"flatcake linker: tree components {', '.join(names)} are not "
                               f"supported (full attention only)")
@@ -77,13 +76,12 @@ class FlatCakeLinker(UnifiedCacheLinker):
         if self.pool.kind == "mla" and tp_size > 1:
             raise ConfigError("flatcake linker: MLA models with --tp-size > 1 are not supported "
                               "(each rank owns its own store); use --tp-size 1")
-        where = SimpleNamespace(model_name=getattr(server_args, "served_model_name", None)
-                                or getattr(server_args, "model_path", None),
+        where = SimpleNamespace(model_name=server_args.served_model_name
+                                or server_args.model_path,
                                 tp_rank=tp_rank, tp_size=tp_size,
-                                pp_rank=getattr(params, "pp_rank", 0),
-                                pp_size=getattr(params, "pp_size", 1),
-                                attn_cp_rank=getattr(params, "attn_cp_rank", 0),
-                                attn_cp_size=getattr(params, "attn_cp_size", 1),
+                                pp_rank=params.pp_rank, pp_size=params.pp_size,
+                                attn_cp_rank=params.attn_cp_rank,
+                                attn_cp_size=params.attn_cp_size,
                                 dp_rank=0)
         root = store_root(self.config, {})
         check_writable(root)
@@ -98,7 +96,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.finder = Lookup(self.store, self.loader.damaged, cfg.recompute_when_faster)
         self.loader.restore_rate = self.finder.decider.restore
         self.slot_keys = SlotKeys()
-        rows = getattr(getattr(params, "req_to_token_pool", None), "req_to_token", None)
+        rows = params.req_to_token_pool.req_to_token
         self.offloader = Offloader(self.store, self.pool, rows, self.slot_keys)
         self.queued: dict[str, Load] = {}
         self.running: dict[int, Batch] = {}

@@ -73,10 +73,10 @@ def take_linker_flags(args: Any, flags: dict) -> dict:
     ``linker_extra_config`` (flags win), validate it and check the store directory, and
     return ``{}`` (the flags are used); otherwise return ``flags`` unchanged.
     ``ConfigError`` (one line, naming the value) for a bad setting."""
-    if not getattr(args, "enable_unified_cache_external_linker", False):
+    if not args.enable_unified_cache_external_linker:
         return flags
-    raw = getattr(args, "unified_cache_external_linker_config", None)
-    if getattr(args, "unified_cache_external_linker_backend", None) != "dynamic" \
+    raw = args.unified_cache_external_linker_config
+    if args.unified_cache_external_linker_backend != "dynamic" \
             or not selects_flatcake(raw):
         return flags
     config = json.loads(raw) if isinstance(raw, str) else dict(raw)

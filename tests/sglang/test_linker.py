@@ -19,6 +19,7 @@ pytest.importorskip("sglang.srt.mem_cache.unified_cache.unified_cache_linker")
 
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 
 from sglang_flatcake.address import Medium  # noqa: E402
 from sglang_flatcake.errors import ConfigError  # noqa: E402
@@ -29,6 +30,9 @@ from tests.support import chain, extend  # noqa: E402
 PAGE, LAYERS, HEADS, DIM, SLOTS = 4, 3, 2, 8, 512
 
 
+ARGS = SimpleNamespace(model_path="tiny", served_model_name=None)   # the ServerArgs fields read
+
+
 class Server:
     """A CPU MHA pool, its request rows, and one linker over them."""
 
@@ -37,13 +41,12 @@ class Server:
         self.v = [torch.zeros(SLOTS, HEADS, DIM) for _ in range(LAYERS)]
         kv = SimpleNamespace(k_buffer=self.k, v_buffer=self.v)
         self.rows = torch.zeros((4, 256), dtype=torch.int32)
-        self.params = SimpleNamespace(
-            token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: kv),
-            page_size=PAGE, req_to_token_pool=SimpleNamespace(req_to_token=self.rows),
-            pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1)
+        self.params = CacheInitParams(       # SGLang's own, with its defaults
+            disable=False, token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: kv),
+            page_size=PAGE, req_to_token_pool=SimpleNamespace(req_to_token=self.rows))
         cfg = {"store_dir": str(store_dir), "durable": False, "io_engine": "posix",
                "memory_bytes": "1MiB", "ssd_bytes": "64MiB", "extent_bytes": "64KiB", **extra}
-        self.linker = FlatCakeLinker(SimpleNamespace(model_path="tiny"), self.params,
+        self.linker = FlatCakeLinker(ARGS, self.params,
                                      components={ComponentType.FULL}, extra_config=cfg)
 
     def fill(self, slots, seed: int) -> None:
@@ -212,7 +215,7 @@ def test_unsupported_components_are_refused_by_name(tmp_path):
         s = Server.__new__(Server)
         Server.__init__(s, tmp_path / "s")     # builds fine with FULL only
         s.linker.close()
-        FlatCakeLinker(SimpleNamespace(model_path="m"), s.params,
+        FlatCakeLinker(ARGS, s.params,
                        components={ComponentType.FULL, ComponentType.SWA},
                        extra_config={"store_dir": str(tmp_path / "t")})
 
