@@ -18,12 +18,14 @@ For a system that can decline a restore (``restore_rate()``; flatcake with
 
 A declined request is served its memory hits (``decline_restore``) and recomputes
 the rest (``rs.recomputed_tokens``).  Each restore it chose teaches the decision's
-slip how long it really took, from the decision.
+slip how long it really took, from the decision.  The restore price is a
+``sched.rates.Cost`` given the disk model's bandwidth and no latency (the model has
+none), so it is never refitted; the margin against flapping is the server's.
 """
 
 from __future__ import annotations
 
-from ..sched.recompute import Backlog, Rate, RestoreOrRecompute
+from ..sched.recompute import Backlog, Cost, Rate, RestoreOrRecompute
 from .policy import Policy
 from .sizes import GpuPreset
 from .systems.base import RequestState, System
@@ -35,7 +37,8 @@ class ReplayDecision:
     def __init__(self, system: System, policy: Policy, gpu: GpuPreset, block_tokens: int,
                  restore_bytes_per_s: float) -> None:
         self.system, self.policy, self.bt = system, policy, block_tokens
-        self.decider = RestoreOrRecompute(Rate(restore_bytes_per_s), Rate(gpu.prefill_tps))
+        # the disk model's restores have no fixed cost: latency 0, its bandwidth, never refitted
+        self.decider = RestoreOrRecompute(Cost(restore_bytes_per_s), Rate(gpu.prefill_tps))
         self.disk, self.gpu = Backlog(), Backlog()
         self._chosen: dict = {}                 # rid -> (Choice, decided at), restores chosen
         self._pending: set = set()              # restores_at_head: decided when they start

@@ -1,4 +1,5 @@
-"""Measured throughput and queued work: ``Rate`` and ``Backlog`` (for ``recompute`` and ``queues``).
+"""Measured throughput and queued work: ``Rate``, ``Cost`` and ``Backlog`` (for ``recompute``
+and ``queues``).
 
 Plain arithmetic over an injected notion of time: callers pass ``now`` and the
 measured seconds, so the same classes serve the server (its monotonic clock) and
@@ -7,6 +8,8 @@ the replay (virtual time).
 
 from __future__ import annotations
 
+from collections import deque
+from statistics import median
 from typing import Hashable
 
 MEMORY = 0.8        # weight of the past in a moving sum (``queues`` uses it for its restore rate)
@@ -45,9 +48,102 @@ class Rate:
         self._sums = [MEMORY * self._sums[0] + amount, MEMORY * self._sums[1] + seconds]
         self.samples += 1
 
+    def seconds_for(self, amount: float, count: int = 1) -> float | None:
+        """Seconds to serve ``amount`` at ``value_for(amount)`` (``count`` is ignored: a plain
+        rate has no fixed cost per item); None where that is None."""
+        v = self.value_for(amount)
+        return None if v is None else max(0.0, amount) / v
+
     @property
     def value(self) -> float | None:
         return self._sums[0] / self._sums[1] if self._sums[1] > 0 else None
+
+    @property
+    def latency(self) -> float | None:
+        """0 once known (a plain rate has no fixed cost); None while ``value`` is."""
+        return None if self.value is None else 0.0
+
+
+WINDOW = 32             # ``Cost`` fits the last this many measurements
+MIN_SAMPLES = 3         # ... and prices nothing from fewer (one slow first restore decides nothing)
+SPREAD = 1.5            # two measurements whose amounts differ by this factor give a slope
+BANDWIDTH_PRIOR = 1e9   # bytes/s assumed while the amounts measured are all alike (see ``Cost``)
+BANDWIDTH_MAX = 1e12    # bytes/s: a fitted slope is never flatter than this
+
+
+class Cost:
+    """Seconds an item of ``amount`` takes as ``latency + amount / bandwidth`` (e.g. one
+    restore: a fixed cost per restore, then its bytes at the disk's rate).
+
+    Given (``bandwidth``, optionally ``latency``): a model the caller knows, used as is and
+    never refitted (the replay's disk model).  Otherwise both are fitted from the last
+    ``WINDOW`` ``observe``d (amount, seconds) pairs, robustly (Theil-Sen): the slope
+    (seconds per unit) is the median of the slopes between pairs of measurements whose
+    amounts differ by ``SPREAD`` or more, plus one vote for ``1 / bandwidth_prior``; the
+    latency is the median of ``seconds - slope * amount``, within [0, median seconds].  While
+    every amount measured is alike, the prior alone sets the slope, so those measurements are
+    read as latency: an error that, if wrong, prices restores of other sizes low, which makes
+    the decision restore and so measure them, where pricing them high would make it recompute
+    and never measure again (seen: 0.78 s for 0.5 MiB under load, read as 0.67 MB/s, priced
+    0.1-0.2 MiB restores behind 1.7 MiB of others at 3 s and recomputed them).  Nothing is
+    priced before ``MIN_SAMPLES`` measurements, and medians keep one outlier from moving it.
+    """
+
+    def __init__(self, bandwidth: float | None = None, latency: float = 0.0,
+                 bandwidth_prior: float = BANDWIDTH_PRIOR) -> None:
+        if bandwidth is not None and not bandwidth > 0:
+            raise ValueError(f"bandwidth={bandwidth!r} is not allowed: expected a rate > 0 "
+                             "or None")
+        if not latency >= 0:
+            raise ValueError(f"latency={latency!r} is not allowed: expected seconds >= 0")
+        if not bandwidth_prior > 0:
+            raise ValueError(f"bandwidth_prior={bandwidth_prior!r} is not allowed: "
+                             "expected a rate > 0")
+        self.known = bandwidth is not None
+        self._prior_slope = 1.0 / bandwidth_prior
+        self._fit = (float(latency), 1.0 / bandwidth) if self.known else None
+        self._recent: deque = deque(maxlen=WINDOW)
+        self.samples = 0
+
+    def observe(self, amount: float, seconds: float) -> None:
+        """Add one measurement; ignored unless both are > 0, and by a given model."""
+        if amount <= 0 or seconds <= 0 or self.known:
+            return
+        self._recent.append((float(amount), float(seconds)))
+        self.samples += 1
+        if len(self._recent) >= MIN_SAMPLES:
+            self._fit = self._refit()
+
+    def _refit(self) -> tuple[float, float]:
+        pts = list(self._recent)
+        slopes = [self._prior_slope]
+        for i, (a1, s1) in enumerate(pts):
+            for a2, s2 in pts[i + 1:]:
+                lo, hi = min(a1, a2), max(a1, a2)
+                if hi >= SPREAD * lo:
+                    slopes.append((s2 - s1) / (a2 - a1))
+        slope = max(1.0 / BANDWIDTH_MAX, median(slopes))
+        secs = median(s for _, s in pts)
+        latency = min(secs, max(0.0, median(s - slope * a for a, s in pts)))
+        return latency, slope
+
+    def seconds_for(self, amount: float, count: int = 1) -> float | None:
+        """Seconds for ``count`` items of ``amount`` in all: ``count * latency + amount /
+        bandwidth``; None until fitted."""
+        if self._fit is None:
+            return None
+        latency, slope = self._fit
+        return max(0, count) * latency + max(0.0, amount) * slope
+
+    @property
+    def latency(self) -> float | None:
+        """Fixed seconds per item (None until fitted)."""
+        return None if self._fit is None else self._fit[0]
+
+    @property
+    def value(self) -> float | None:
+        """Units per second past the latency, the bandwidth (None until fitted)."""
+        return None if self._fit is None else 1.0 / self._fit[1]
 
 
 class Backlog:
@@ -72,6 +168,11 @@ class Backlog:
     def queued(self) -> float:
         """Work added and not yet started."""
         return sum(w[0] for w in self._work.values() if w[1] is None)
+
+    def count(self, started: bool | None = None) -> int:
+        """Items known (``started`` True: only those in flight; False: only those queued)."""
+        return sum(1 for w in self._work.values()
+                   if started is None or (w[1] is not None) == started)
 
     def remaining(self, now: float, rate: float | None, before: Hashable | None = None) -> float:
         """Work still to do: queued work whole, work in flight less what ``rate`` (shared by

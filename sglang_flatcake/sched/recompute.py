@@ -1,54 +1,65 @@
 """Restore or recompute: at admission, is a request's SSD part worth reading?
 
-Restoring a token costs ``kv_bytes_per_token / restore rate`` of disk time;
-recomputing it costs ``1 / prefill rate`` of GPU time.  When the disk is the
-slower of the two (DeepSeek-V3 on one local disk: 54.5 us against 16.7 us a
-token) every restore makes the disk queue longer while the GPU idles.  So, when
-a request with SSD blocks arrives, ``RestoreOrRecompute.choose`` compares::
+A restore costs a fixed latency plus its bytes over the disk's bandwidth
+(``rates.Cost``, fitted from the restores measured: a rate measured from small
+restores is latency, not bandwidth); recomputing costs its tokens over the
+prefill rate, behind the prefill tokens it joins.  So, when a request with SSD
+blocks arrives, ``RestoreOrRecompute.choose`` compares::
 
-    restore_s   = (disk backlog bytes + its SSD bytes) / restore bytes per s
+    restore_s   = (restores ahead + its own) x latency + (bytes ahead + its own) / bandwidth
     recompute_s = (GPU backlog tokens + the tokens it would recompute) / prefill tokens per s
 
-and restores only while ``restore_s + ssd_bytes / restore rate <= recompute_s +
-tokens / prefill rate``: each choice is charged once more with its own service
-time, the delay it adds to the next request queued on that resource (without it,
-a recompute that saved its own request 0.1 s cost the requests behind it on the
-GPU 0.4 s; replay, DeepSeek-V4-Flash at 0.5 req/s).  ``restore_s`` is times the
-``slip``: how much longer the restores it chose took than that formula said
-(moving sums of measured over modelled seconds, from 1), since what comes after a
-decision (writes and later restores sharing the disk, restores that overtake it)
-is not in the backlog.  Either way the request
-prefills the rest of its prompt afterwards, and a restored request's prefill
-waits for the GPU backlog as well, so this compares its expected first-token
-times.  Where restores start only at the head of one first-come first-served
-queue (``single_queue``, head-only) the request waits for everything ahead of it
-either way, so callers pass both backlogs as 0 and its own times are compared.
-When it recomputes, its SSD part is a miss: the blocks before the first
-SSD block (memory hits) are still served, the run from the first SSD block on is
+where the GPU backlog is the prefill work queued when it joins (the tokens it
+would wait behind), and each side is charged once more with its own service time,
+the delay it adds to the next request queued on that resource (without it, a
+recompute that saved its own request 0.1 s cost the requests behind it on the GPU
+0.4 s; replay, DeepSeek-V4-Flash at 0.5 req/s).  ``restore_s`` is times the
+``slip`` (how much longer the restores it chose took than that formula said,
+moving sums of measured over modelled seconds, from 1, at most ``SLIP_MAX``): what
+comes after a decision (writes and later restores sharing the disk, restores that
+overtake it) is not in the backlog.  Either way the request prefills the rest of
+its prompt afterwards, and a restored request's prefill waits for the GPU backlog
+as well, so this compares its expected first-token times.  Where restores start
+only at the head of one first-come first-served queue (``single_queue``,
+head-only) the request waits for everything ahead of it either way, so callers
+pass both backlogs as 0 and its own times are compared.
+
+No flapping: once the last agreed decision was to restore, it takes a restore
+costing more than ``1 + MARGIN`` times the recompute to recompute; once it was to
+recompute, restoring wins again as soon as it costs no more.  Within that band the
+last decision stands, so noise in the measurements does not make requests of one
+size alternate; the band leans towards restoring because a wrong restore is
+measured and corrected, a wrong recompute is not (nothing is read, nothing measured).
+
+When it recomputes, its SSD part is a miss: the blocks before the first SSD block
+(memory hits) are still served, the run from the first SSD block on is
 recomputed, nothing is read from the SSD and nothing wrong is served.
 
-The rates are ``Rate`` moving sums of measured work (the server: its restores and
-prefill steps; the replay: its restores, from the disk model's bandwidth, and the
-GPU preset's prefill rate).  While a rate is unknown the decision restores (what
-was done before it existed); a measured rate counts as known for a request only once
-it has measured at least half that request's amount (``Rate.value_for``).  ``Backlog`` (``rates``) is the work queued or in
-flight on one resource.  Everything is plain arithmetic over the values passed
-in: with TP ranks, callers agree on the answer, not the inputs.
+While a price is unknown the decision restores (what was done before it existed):
+a ``Cost`` prices nothing before ``rates.MIN_SAMPLES`` restores, a measured prefill
+``Rate`` nothing until it has measured half the tokens it would time
+(``Rate.value_for``).  ``Backlog`` (``rates``) is the work queued or in flight on
+one resource.  Everything is plain arithmetic over the values passed in: with TP
+ranks, callers agree on the answer (MIN of "restore"), not the inputs, and count
+the agreed answer (``count``), which is what the band remembers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .rates import Backlog, Rate
+from .rates import Backlog, Cost, Rate
 
-__all__ = ["Backlog", "Choice", "Rate", "RestoreOrRecompute"]
+__all__ = ["Backlog", "Choice", "Cost", "Rate", "RestoreOrRecompute"]
+
+MARGIN = 0.15       # restoring must cost this much more than recomputing to stop restoring
+SLIP_MAX = 2.0      # the slip at most doubles a restore's price (one slow restore is not a trend)
 
 
 @dataclass(frozen=True)
 class Choice:
     restore: bool
-    restore_s: float | None      # expected seconds to its restore's end (None: a rate unknown)
+    restore_s: float | None      # expected seconds to its restore's end (None: a price unknown)
     recompute_s: float | None    # expected seconds to the end of recomputing those tokens
     modelled_s: float | None = None   # restore_s before the slip: what ``restored`` compares
 
@@ -57,9 +68,11 @@ class Choice:
 class RestoreOrRecompute:
     """The decision and its counters; ``enabled=False`` always restores and counts nothing."""
 
-    restore: Rate                # SSD bytes per second, all restores together
+    restore: Cost | Rate         # seconds per restore and per SSD byte (``Cost``; a ``Rate``:
+                                 # bytes per second and no latency)
     prefill: Rate                # prefill tokens per second
     enabled: bool = True
+    restoring: bool = True       # the last agreed decision (the band's memory, ``count``)
     # restores' measured seconds (decision to end) per modelled second: what the backlog
     # cannot know (writes and restores that come later and share the disk, overtaking)
     slip: Rate = field(default_factory=lambda: Rate(1.0))
@@ -68,16 +81,23 @@ class RestoreOrRecompute:
         "ssd_bytes_not_read": 0, "reconsidered_requests": 0})
 
     def estimate(self, ssd_bytes: float, tokens: int, disk_backlog_bytes: float,
-                 gpu_backlog_tokens: float) -> Choice:
-        """The comparison for one request, counting nothing."""
-        r, p = self.restore.value_for(ssd_bytes), self.prefill.value_for(tokens)
-        if not self.enabled or ssd_bytes <= 0 or tokens <= 0 or r is None or p is None:
+                 gpu_backlog_tokens: float, disk_backlog_restores: int = 0) -> Choice:
+        """The comparison for one request (``ssd_bytes`` to read, ``tokens`` to recompute
+        instead) behind ``disk_backlog_restores`` restores of ``disk_backlog_bytes`` and
+        ``gpu_backlog_tokens`` prefill tokens; counts nothing, changes nothing."""
+        own = self.restore.seconds_for(ssd_bytes)
+        p = self.prefill.value_for(tokens)
+        if not self.enabled or ssd_bytes <= 0 or tokens <= 0 or own is None or p is None:
             return Choice(True, None, None)
-        modelled = (max(0.0, disk_backlog_bytes) + ssd_bytes) / r
-        restore_s = modelled * self.slip.value
+        modelled = self.restore.seconds_for(max(0.0, disk_backlog_bytes) + ssd_bytes,
+                                            max(0, disk_backlog_restores) + 1)
+        if modelled is None:             # a plain Rate not trusted for the backlog's size
+            return Choice(True, None, None)
+        restore_s = modelled * min(SLIP_MAX, self.slip.value)
         recompute_s = (max(0.0, gpu_backlog_tokens) + tokens) / p
         # each choice also delays the next request on its resource by its own service time
-        restore = restore_s + ssd_bytes / r <= recompute_s + tokens / p
+        cost, other = restore_s + own, recompute_s + tokens / p
+        restore = cost <= other * (1.0 + MARGIN if self.restoring else 1.0)
         return Choice(restore, restore_s, recompute_s, modelled)
 
     def restored(self, choice: Choice, took_s: float) -> None:
@@ -87,10 +107,12 @@ class RestoreOrRecompute:
             self.slip.observe(took_s, choice.modelled_s)
 
     def choose(self, ssd_bytes: float, tokens: int, disk_backlog_bytes: float,
-               gpu_backlog_tokens: float) -> Choice:
+               gpu_backlog_tokens: float, disk_backlog_restores: int = 0) -> Choice:
         """``estimate`` for a request that arrived with ``ssd_bytes`` on SSD, whose SSD part
-        is ``tokens`` tokens (from its first SSD block to the end of its stored run); counted."""
-        c = self.estimate(ssd_bytes, tokens, disk_backlog_bytes, gpu_backlog_tokens)
+        is ``tokens`` tokens (from its first SSD block to the end of its stored run); counted
+        (one rank; ranks that agree call ``estimate`` and ``count`` the agreed answer)."""
+        c = self.estimate(ssd_bytes, tokens, disk_backlog_bytes, gpu_backlog_tokens,
+                          disk_backlog_restores)
         self.count(c.restore, tokens, ssd_bytes)
         return c
 
@@ -98,6 +120,7 @@ class RestoreOrRecompute:
         """Count one decision (callers that agree on it across ranks count the agreed one)."""
         if not self.enabled or ssd_bytes <= 0:
             return
+        self.restoring = bool(restored)
         if restored:
             self.counts["restored_requests"] += 1
         else:
@@ -116,7 +139,8 @@ class RestoreOrRecompute:
     def stats(self) -> dict:
         """The estimates it decides with, and its counts (for stats and the replay's JSON)."""
         return {"recompute_when_faster": self.enabled,
-                "restore_bytes_per_s": self.restore.value, "prefill_tokens_per_s":
+                "restore_bytes_per_s": self.restore.value,
+                "restore_latency_s": self.restore.latency, "prefill_tokens_per_s":
                 self.prefill.value, "restore_samples": self.restore.samples,
                 "prefill_samples": self.prefill.samples, "restore_slip": self.slip.value,
                 **self.counts}

@@ -2,8 +2,8 @@
 
 ``ServerEstimates`` feeds the decision from what this scheduler measures:
 
-- restore rate: SSD bytes over the seconds the restore worker spent on each restore
-  (``Flow.io_s``, one worker, so restores do not overlap), a moving sum;
+- restore cost: latency + SSD bytes / bandwidth (``sched.rates.Cost``), fitted from the seconds
+  the restore worker spent on each restore (``Flow.io_s``, one worker, so restores do not overlap);
 - prefill rate: a step whose batch was a prefill (``last_batch.forward_mode.is_extend()``)
   and the only batch run since the step before gives ``extend_num_tokens`` over the time
   between the two steps (a mixed prefill-decode step counts its decodes' time too, so the
@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ..sched.recompute import Backlog, Choice, Rate, RestoreOrRecompute
+from ..sched.recompute import Backlog, Choice, Cost, Rate, RestoreOrRecompute
 
 
 def prefill_tokens(req: Any) -> int:
@@ -38,7 +38,7 @@ class ServerEstimates:
     def __init__(self, scheduler: Any, enabled: bool,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.scheduler, self.clock = scheduler, clock
-        self.decider = RestoreOrRecompute(Rate(), Rate(), enabled)
+        self.decider = RestoreOrRecompute(Cost(), Rate(), enabled)
         self.disk = Backlog()
         self._chosen: dict = {}                  # rid -> (Choice, clock at the decision)
         self._step: tuple | None = None          # (forward_ct, clock) at the last step
@@ -75,7 +75,7 @@ class ServerEstimates:
         d = self.decider
         tokens = (len(flow.keys) - flow.lead_memory) * page
         disk = self.disk.remaining(self.clock(), d.restore.value)
-        return d.estimate(flow.ssd_bytes, tokens, disk, self.gpu_backlog(flows))
+        return d.estimate(flow.ssd_bytes, tokens, disk, self.gpu_backlog(flows), self.disk.count())
 
     def recheck(self, flow: Any, page: int, flows: dict) -> Choice:
         """The estimate again when ``flow``'s restore would start: the restores in flight
@@ -83,7 +83,7 @@ class ServerEstimates:
         d, now = self.decider, self.clock()
         running = self.disk.remaining(now, d.restore.value) - self.disk.queued()
         return d.estimate(flow.ssd_bytes, (len(flow.keys) - flow.lead_memory) * page, running,
-                          self.gpu_backlog(flows, before=flow.rid))
+                          self.gpu_backlog(flows, before=flow.rid), self.disk.count(started=True))
 
     def declined(self, flow: Any) -> None:
         """``flow`` will not read its SSD pages after all: out of the disk backlog."""
