@@ -98,7 +98,7 @@ class LayerLoader:
         self.damaged: set[str] = set()
         self.counters = {"batches": 0, "requests": 0, "pages_from_memory": 0,
                          "pages_from_ssd": 0, "failed_batches": 0, "checksum_failures": 0}
-        self.restore_rate = None          # set by the linker: a ``sched.rates.Rate``
+        self.restore_rate = None          # set by the linker: a ``sched.rates.Cost``
         dev = pool.device
         if dev is None:
             self.window = LayerWindow(store.engine, WINDOW_BYTES, depth)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import address as addr
-from ..sched.rates import Rate
+from ..sched.rates import Cost, Rate
 from ..sched.recompute import RestoreOrRecompute
 
 
@@ -37,7 +37,7 @@ class Found:
 class Lookup:
     def __init__(self, store, damaged: set, enabled: bool) -> None:
         self.store, self.damaged = store, damaged
-        self.decider = RestoreOrRecompute(Rate(), Rate(), enabled)
+        self.decider = RestoreOrRecompute(Cost(), Rate(), enabled)   # as HiCache mode prices it
 
     def find(self, keys: list[str], disk_backlog_bytes: float) -> Found:
         """The restorable run of ``keys`` (counts one decision when it has SSD pages)."""
