@@ -10,20 +10,30 @@ The device branch of the read path (``window``, ``scatter``, ``checksum``,
   so an array's kind is visible from its type), each stream is one worker thread
   that runs its copies and launches in order, an event is a marker on that
   thread, and a launch runs the kernel's registered host twin (``register_twin``)
-  with the kernel's own arguments (words, device offsets, output arrays).
+  with the kernel's own arguments (words, device offsets, output arrays).  It keeps
+  the CUDA rules ordering bugs live in (docs/device.md): a legacy default stream
+  apart from the non-blocking ones, allocation memsets on a stream, a per-thread
+  current device on a machine of two (``EMULATED_DEVICES``), foreign streams (SGLang's
+  forward), and ``delay_s``, which holds unwaited work back so a missing wait shows.
 
-Contracts: ``upload`` and ``launch`` are asynchronous on ``stream`` (``None``: the
-device's default stream) and keep what they read alive until they ran;
-``download`` returns when the bytes are on the host; ``record(stream)`` returns an
-event with ``done`` (a property) and ``synchronize()``, which re-raises an error of
-the work before it (emulated).  ``device_of(x)`` is the device an array lives on,
-``None`` for host memory.
+Contracts: ``upload``, ``upload_into``, ``zeros``' memset and ``launch`` are
+asynchronous on ``stream`` (``None``: the calling thread's current stream, the legacy
+default stream unless one was made current) and keep what they read alive until they
+ran; ``download`` returns when the bytes are on the host; ``record(stream)`` returns
+an event with ``done`` (a property) and ``synchronize()``, which re-raises an error of
+the work before it (emulated); ``wait(stream, event)`` orders ``stream``'s later work
+after ``event`` without blocking the host.  Allocations and streams belong to the
+calling thread's current device (``activate``), as in CUDA.  ``device_of(x)`` is the
+device an array lives on, ``None`` for host memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -31,6 +41,7 @@ from typing import Callable
 import numpy as np
 
 EMULATE_ENV = "FLATCAKE_EMULATE_DEVICE"   # "1": SGLang's CPU pools are served as a device
+KERNELS = ("checksum.cu", "scatter.cu")   # compiled at start (``Device.compile``)
 NULL = np.uint64(0)        # a null pointer kernel argument (CuPy takes no None); twins see it too
 
 
@@ -58,62 +69,111 @@ def kernel_source(name: str) -> str:
 
 
 class Device:
-    """The interface; see the module docstring for each method's contract."""
+    """The interface; see the module docstring for the contracts.  ``stream=None`` is the
+    calling thread's current stream (the legacy default stream unless one was made current)."""
 
     name = "device"
+    index = 0
 
-    def empty(self, nbytes: int, dtype=np.uint8): ...
+    def activate(self) -> None: ...                  # the calling thread's current device
+    def stream(self): ...                            # a new non-blocking stream, current device
+    def empty(self, nbytes: int, dtype=np.uint8): ...      # uninitialised, current device
+    def zeros(self, n: int, dtype, stream=None): ...       # memset on ``stream``
     def upload(self, host: np.ndarray, stream=None): ...
+    def upload_into(self, dst, host: np.ndarray, stream=None) -> None: ...
     def download(self, arr, stream=None) -> np.ndarray: ...
-    def stream(self): ...
     def record(self, stream=None): ...
+    def wait(self, stream, event) -> None: ...       # ``stream`` waits for ``event`` (device side)
+    def forward_event(self): ...                     # recorded on the thread's current stream
     def launch(self, kernel: str, name: str, grid, block, args, stream=None) -> None: ...
+    def free_cache(self) -> None: ...                # give cached, unused memory back
     def asarray(self, x): ...
     def address(self, arr) -> int: ...
+
+    def compile(self, kernels=KERNELS) -> None:
+        """Compile (or load) every kernel for the current device now, not inside a restore."""
+        for k in kernels:
+            self.module(k)
+
+    def module(self, kernel: str):
+        """The compiled module of ``kernel`` for the current device, built once."""
+        key = (kernel, self.current_index())
+        with self._lock:
+            if key not in self._modules:
+                self._modules[key] = self._build(kernel, kernel_source(kernel))
+            return self._modules[key]
 
 
 # ---------------------------------------------------------------- CUDA (CuPy)
 def _cp():
-    import cupy
-    return cupy
+    return importlib.import_module("cupy")
+
+
+NVRTC_OPTIONS = ("--std=c++14",)      # what CuPy's RawModule gets (tests/test_nvrtc.py)
 
 
 class CudaDevice(Device):
-    """CuPy on the current CUDA device; modules compiled once per (kernel, device).
-    Every method body is a leaf call into CuPy: these are the lines only a GPU runs."""
+    """CuPy on CUDA device ``index``; modules compiled once per (kernel, device).  Every
+    method body is a leaf call into CuPy: these are the lines only a GPU runs to the end
+    (``tests/test_real_cuda_modules.py`` calls each against the real CuPy without a GPU)."""
 
     name = "cuda"
 
-    def __init__(self) -> None:
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
         self._modules: dict = {}
         self._lock = threading.Lock()
 
-    def empty(self, nbytes, dtype=np.uint8):
-        return _cp().zeros(nbytes // np.dtype(dtype).itemsize, dtype)
+    def activate(self):
+        _cp().cuda.Device(self.index).use()
 
-    def upload(self, host, stream=None):
-        with stream or _cp().cuda.get_current_stream():
-            return _cp().asarray(host)
+    def current_index(self):
+        return _cp().cuda.Device().id
 
-    def download(self, arr, stream=None):
-        return _cp().asnumpy(arr, stream=stream, blocking=True)
+    def _build(self, kernel, source):
+        return _cp().RawModule(code=source, options=NVRTC_OPTIONS)
+
+    def _on(self, stream):
+        return stream or _cp().cuda.get_current_stream()
 
     def stream(self):
         return _cp().cuda.Stream(non_blocking=True)
 
+    def empty(self, nbytes, dtype=np.uint8):
+        return _cp().empty(nbytes // np.dtype(dtype).itemsize, dtype)
+
+    def zeros(self, n, dtype, stream=None):
+        with self._on(stream):
+            return _cp().zeros(n, dtype)
+
+    def upload(self, host, stream=None):
+        with self._on(stream):
+            return _cp().asarray(host)
+
+    def upload_into(self, dst, host, stream=None):
+        dst.set(host, stream=self._on(stream))
+
+    def download(self, arr, stream=None):
+        return _cp().asnumpy(arr, stream=self._on(stream), blocking=True)
+
     def record(self, stream=None):
         ev = _cp().cuda.Event(disable_timing=True)
-        ev.record(stream)
+        ev.record(self._on(stream))
         return ev
 
+    def wait(self, stream, event):
+        self._on(stream).wait_event(event)
+
+    def forward_event(self):
+        s = importlib.import_module("torch").cuda.current_stream()
+        return self.record(_cp().cuda.ExternalStream(s.cuda_stream, s.device_index))
+
     def launch(self, kernel, name, grid, block, args, stream=None):
-        key = (kernel, _cp().cuda.Device().id)
-        with self._lock:
-            if key not in self._modules:
-                self._modules[key] = _cp().RawModule(code=kernel_source(kernel),
-                                                     options=("--std=c++14",))
-        with stream or _cp().cuda.get_current_stream():     # RawKernel takes no stream=
-            self._modules[key].get_function(name)(grid, block, args)
+        with self._on(stream):                          # RawKernel takes no stream=
+            self.module(kernel).get_function(name)(grid, block, args)
+
+    def free_cache(self):
+        _cp().get_default_memory_pool().free_all_blocks()
 
     def asarray(self, x):
         return _cp().asarray(x)
@@ -123,32 +183,96 @@ class CudaDevice(Device):
 
 
 # ---------------------------------------------------------------- emulated
+_tls = threading.local()      # the emulated machine's per-thread state: .index, .streams
+GARBAGE = 0xA5                # what uninitialised emulated memory holds
+
+
+def _current_emu() -> int:
+    return getattr(_tls, "index", 0)
+
+
 class EmuArray(np.ndarray):
-    """Host memory standing for device memory (slices and views stay ``EmuArray``)."""
+    """Host memory standing for device memory of emulated device ``emu_index`` (slices
+    and views stay ``EmuArray`` on the same device)."""
+
+    def __array_finalize__(self, obj) -> None:
+        self.emu_index = getattr(obj, "emu_index", 0)
+
+
+def _emu_array(host: np.ndarray, index: int) -> EmuArray:
+    out = host.view(EmuArray)
+    out.emu_index = index
+    return out
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (hazards are tracked per allocation)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+class Hazard(RuntimeError):
+    """Emulated memory used on one stream while another stream's work on it is still
+    pending and nothing orders the two (a missing ``wait``)."""
 
 
 class EmuStream:
-    """One worker thread: work runs in submission order, as on a CUDA stream."""
+    """One worker thread: work runs in submission order, as on a CUDA stream.
 
-    def __init__(self) -> None:
+    ``non_blocking=False`` streams and the ``legacy`` default stream order against each
+    other as CUDA's legacy stream does; non-blocking streams order with nothing but the
+    events they ``wait`` for.  With the device's ``delay_s`` > 0 every operation waits
+    that long before it runs unless something waits for it (an event's ``synchronize``,
+    a ``download``, another stream's ``wait``): unordered work stays pending, so a missing
+    wait shows as a ``Hazard`` or as wrong bytes."""
+
+    def __init__(self, device: "EmulatedDevice", non_blocking: bool = True,
+                 legacy: bool = False) -> None:
+        self.device, self.index = device, device.index
+        self.non_blocking, self.legacy = non_blocking and not legacy, legacy
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-emu-stream")
+        self._cv = threading.Condition()
+        self.seq = self._released = 0
         self.pending: list[Future] = []     # work since the last event (its errors surface there)
+        self.last: Future | None = None
+        self.after: dict[int, int] = {}     # id(stream) -> its last op this stream waited for
 
     def submit(self, fn: Callable, *args) -> Future:
-        return self._pool.submit(fn, *args)
+        with self._cv:
+            self.seq += 1
+            seq, due = self.seq, time.monotonic() + self.device.delay_s
+
+        def run():
+            with self._cv:
+                self._cv.wait_for(lambda: self._released >= seq or time.monotonic() >= due,
+                                  timeout=max(0.0, due - time.monotonic()))
+            return fn(*args)
+        self.last = self._pool.submit(run)
+        return self.last
+
+    def release(self) -> None:
+        """Someone waits for this stream: run what it holds now."""
+        with self._cv:
+            self._released = self.seq
+            self._cv.notify_all()
 
     def synchronize(self) -> None:
-        self.submit(lambda: None).result()
+        fut = self.submit(lambda: None)
+        self.release()
+        fut.result()
 
     def close(self) -> None:
         """Wait for the work submitted, then stop the thread."""
+        self.release()
         self._pool.shutdown(wait=True)
 
 
 class EmuEvent:
     """A marker on an ``EmuStream``: done once everything submitted before it ran."""
 
-    def __init__(self, future: Future, before: list[Future]) -> None:
+    def __init__(self, stream: EmuStream, future: Future, before: list[Future]) -> None:
+        self.stream, self.seq = stream, stream.seq
         self._future, self._before = future, before
 
     @property
@@ -156,6 +280,7 @@ class EmuEvent:
         return self._future.done()
 
     def synchronize(self) -> None:
+        self.stream.release()
         self._future.result()
         for f in self._before:          # an error of the work before the event
             f.result()
@@ -170,49 +295,169 @@ def register_twin(kernel: str, prefix: str, fn: Callable) -> None:
     _twins[(kernel, prefix)] = fn
 
 
+class _EmuModule:
+    def __init__(self, kernel: str) -> None:
+        self.kernel = kernel
+
+    def get_function(self, name: str) -> Callable:
+        twin = next((f for (k, p), f in _twins.items() if k == self.kernel
+                     and name.startswith(p)), None)
+        if twin is None:
+            raise RuntimeError(f"no host twin for {self.kernel}:{name} (register_twin)")
+        return twin
+
+
 class EmulatedDevice(Device):
+    """Emulated device ``index`` of an emulated machine (``EMULATED_DEVICES``), with CUDA's
+    rules: allocations land on the calling thread's current device, a stream belongs to
+    the device current when it was made and is refused under another, memory of another
+    device cannot be launched on, ``zeros`` is a memset on a stream, and memory with
+    pending work on one stream used on another without a ``wait`` raises ``Hazard``
+    (``hazards`` counts them).  ``ops`` counts uploads, launches and events."""
+
     name = "emulated"
 
-    def __init__(self) -> None:
-        self._default = EmuStream()
+    def __init__(self, index: int = 0, delay_s: float = 0.0) -> None:
+        self.index, self.delay_s = index, delay_s
         self._lock = threading.Lock()
+        self._modules: dict = {}
+        self._blocking: list[EmuStream] = []
+        self._last: dict[int, tuple] = {}        # id(root array) -> (root, stream, seq, future)
+        self.ops = {"upload": 0, "launch": 0, "event": 0, "memset": 0}
+        self.hazards = 0
+        self.legacy = EmuStream(self, legacy=True)
 
-    def empty(self, nbytes, dtype=np.uint8):
-        return np.zeros(nbytes // np.dtype(dtype).itemsize, dtype).view(EmuArray)
+    def activate(self):
+        _tls.index = self.index
 
-    def _submit(self, stream, fn, *args) -> Future:
-        s = stream or self._default
+    def current_index(self):
+        return _current_emu()
+
+    def _build(self, kernel, source):
+        return _EmuModule(kernel)
+
+    def current_stream(self) -> EmuStream:
+        """The calling thread's current stream on the current device (``use_stream``)."""
+        cur = EMULATED_DEVICES[_current_emu()]
+        return getattr(_tls, "streams", {}).get(cur.index) or cur.legacy
+
+    @contextlib.contextmanager
+    def use_stream(self, stream: EmuStream):
+        """Make ``stream`` the calling thread's current stream (``with cupy_stream:``)."""
+        if not hasattr(_tls, "streams"):
+            _tls.streams = {}
+        old = _tls.streams.get(stream.index)
+        _tls.streams[stream.index] = stream
+        try:
+            yield stream
+        finally:
+            _tls.streams[stream.index] = old
+
+    def _ordered(self, s: EmuStream, t: EmuStream, seq: int) -> bool:
+        """Whether work on ``s`` submitted now runs after op ``seq`` of stream ``t``."""
+        return (s is t or s.after.get(id(t), 0) >= seq
+                or (s.legacy and not t.non_blocking) or (t.legacy and not s.non_blocking))
+
+    def _touch(self, s: EmuStream, arrays, fut: Future | None) -> None:
+        """Check ``arrays`` for a pending op of another stream not ordered before ``s``'s
+        next op (raises ``Hazard``); with ``fut``, record it as their last op."""
+        for a in arrays:
+            if not isinstance(a, EmuArray):
+                continue
+            r = _root(a)
+            with self._lock:
+                last = self._last.get(id(r))
+            if last is not None and last[0] is r and not last[3].done() \
+                    and not self._ordered(s, last[1], last[2]):
+                self.hazards += 1
+                raise Hazard(f"emulated memory of {a.nbytes} bytes used on a stream while "
+                             "another stream's work on it is pending, with no wait between")
+            if fut is not None:
+                with self._lock:
+                    self._last[id(r)] = (r, s, s.seq, fut)
+
+    def _submit(self, stream, fn, *args, touches=()) -> Future:
+        s = stream or self.current_stream()
+        cur = _current_emu()
+        if s.index != cur:
+            raise RuntimeError(f"a stream of emulated device {s.index} is used while device "
+                               f"{cur} is current (CUDA refuses this; activate the device)")
+        self._touch(s, touches, None)
+        dev = s.device
+        deps = ([b.last for b in dev._blocking if b.last is not None] if s.legacy else
+                [] if s.non_blocking or dev.legacy.last is None else [dev.legacy.last])
+        if deps:
+            s.submit(lambda: [f.result() for f in deps])
         fut = s.submit(fn, *args)
+        self._touch(s, touches, fut)
         with self._lock:
             s.pending.append(fut)
         return fut
 
-    def upload(self, host, stream=None):
-        host = np.ascontiguousarray(host)
-        out = np.empty_like(host).view(EmuArray)
-        self._submit(stream, np.copyto, out, host)
+    def stream(self, non_blocking: bool = True):
+        s = EmuStream(EMULATED_DEVICES[_current_emu()], non_blocking)
+        if not non_blocking:
+            s.device._blocking.append(s)
+        return s
+
+    def empty(self, nbytes, dtype=np.uint8):
+        return _emu_array(np.full(nbytes, GARBAGE, np.uint8).view(dtype), _current_emu())
+
+    def zeros(self, n, dtype, stream=None):
+        out = self.empty(n * np.dtype(dtype).itemsize, dtype)
+        self.ops["memset"] += 1
+        self._submit(stream, out.fill, 0, touches=(out,))
         return out
 
+    def upload(self, host, stream=None):
+        host = np.array(host)                  # a pageable copy: the caller may reuse ``host``
+        out = _emu_array(np.empty_like(host), _current_emu())
+        self.ops["upload"] += 1
+        self._submit(stream, np.copyto, out, host, touches=(out,))
+        return out
+
+    def upload_into(self, dst, host, stream=None):
+        self._check_owner([dst])
+        self.ops["upload"] += 1
+        self._submit(stream, np.copyto, dst, np.asarray(host).reshape(dst.shape), touches=(dst,))
+
     def download(self, arr, stream=None):
-        self.record(stream).synchronize()
+        s = stream or self.current_stream()
+        self.record(s).synchronize()
+        self._touch(s, [arr], None)
         return np.array(arr.view(np.ndarray))
 
-    def stream(self):
-        return EmuStream()
-
     def record(self, stream=None):
-        s = stream or self._default
+        s = stream or self.current_stream()
+        self.ops["event"] += 1
+        fut = self._submit(s, lambda: None)
         with self._lock:
             before, s.pending = s.pending, []
-        return EmuEvent(s.submit(lambda: None), before)
+        return EmuEvent(s, fut, before)
+
+    def wait(self, stream, event):
+        s = stream or self.current_stream()
+        self._submit(s, event.synchronize)
+        s.after[id(event.stream)] = max(s.after.get(id(event.stream), 0), event.seq)
+
+    def forward_event(self):
+        return self.record(self.current_stream())
+
+    def _check_owner(self, arrays) -> None:
+        cur = _current_emu()
+        for a in arrays:
+            if isinstance(a, EmuArray) and a.emu_index != cur:
+                raise RuntimeError(f"memory of emulated device {a.emu_index} used by a launch "
+                                   f"on device {cur}")
 
     def launch(self, kernel, name, grid, block, args, stream=None):
-        twin = next((f for (k, p), f in _twins.items() if k == kernel and name.startswith(p)),
-                    None)
-        if twin is None:
-            raise RuntimeError(f"no host twin for {kernel}:{name} (register_twin)")
-        kernel_path(kernel)           # the source must exist, as a CUDA launch compiles it
-        self._submit(stream, twin, name, *args)
+        fn = self.module(kernel).get_function(name)
+        self._check_owner(args)
+        self.ops["launch"] += 1
+        self._submit(stream, fn, name, *args, touches=args)
+
+    def free_cache(self):
+        self.ops["free_cache"] = self.ops.get("free_cache", 0) + 1
 
     def asarray(self, x):
         return x
@@ -221,26 +466,33 @@ class EmulatedDevice(Device):
         return arr.ctypes.data
 
 
-CUDA = CudaDevice()
-EMULATED = EmulatedDevice()
+CUDA = CudaDevice(0)
+EMULATED_DEVICES = (EmulatedDevice(0), EmulatedDevice(1))    # a machine with two devices
+EMULATED = EMULATED_DEVICES[0]
+_cuda: dict[int, CudaDevice] = {0: CUDA}
+
+
+def cuda_device(index: int) -> CudaDevice:
+    return _cuda.setdefault(index, CudaDevice(index))
 
 
 def device_of(x) -> Device | None:
     """The device ``x`` lives on (torch tensors, cupy arrays, ``EmuArray``), or ``None``."""
     if isinstance(x, EmuArray):
-        return EMULATED
+        return EMULATED_DEVICES[x.emu_index]
     if type(x).__module__.split(".")[0] == "torch":
-        return CUDA if x.device.type == "cuda" else None
-    return CUDA if hasattr(x, "__cuda_array_interface__") else None
+        return cuda_device(x.device.index or 0) if x.device.type == "cuda" else None
+    return cuda_device(x.device.id) if hasattr(x, "__cuda_array_interface__") else None
 
 
-def emulated_view(t):
-    """A CPU tensor or array as emulated device memory (same bytes, shape and item size)."""
-    if isinstance(t, np.ndarray):
-        return t.view(EmuArray)
-    import torch
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return t.view(ints[t.element_size()]).numpy().view(EmuArray)
+def emulated_view(t, index: int = 0):
+    """A CPU tensor or array as memory of emulated device ``index`` (same bytes, shape and
+    item size)."""
+    if not isinstance(t, np.ndarray):
+        import torch
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        t = t.view(ints[t.element_size()]).numpy()
+    return _emu_array(t, index)
 
 
 def emulation_wanted() -> bool:
@@ -254,7 +506,7 @@ class EmuXP:
 
     @staticmethod
     def empty(n, dtype=np.uint8):
-        return np.zeros(n, dtype).view(EmuArray)
+        return EMULATED.empty(n * np.dtype(dtype).itemsize, dtype)
 
 
 class EmuKvikio:
