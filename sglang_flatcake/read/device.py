@@ -84,7 +84,7 @@ class Device:
     def download(self, arr, stream=None) -> np.ndarray: ...
     def record(self, stream=None): ...
     def wait(self, stream, event) -> None: ...       # ``stream`` waits for ``event`` (device side)
-    def forward_event(self): ...                     # recorded on the thread's current stream
+    def forward_event(self, torch_stream=None): ...  # on that stream (the thread's current)
     def launch(self, kernel: str, name: str, grid, block, args, stream=None) -> None: ...
     def free_cache(self) -> None: ...                # give cached, unused memory back
     def asarray(self, x): ...
@@ -164,8 +164,8 @@ class CudaDevice(Device):
     def wait(self, stream, event):
         self._on(stream).wait_event(event)
 
-    def forward_event(self):
-        s = importlib.import_module("torch").cuda.current_stream()
+    def forward_event(self, torch_stream=None):
+        s = torch_stream or importlib.import_module("torch").cuda.current_stream()
         return self.record(_cp().cuda.ExternalStream(s.cuda_stream, s.device_index))
 
     def launch(self, kernel, name, grid, block, args, stream=None):
@@ -323,7 +323,7 @@ class EmulatedDevice(Device):
         self._modules: dict = {}
         self._blocking: list[EmuStream] = []
         self._last: dict[int, tuple] = {}        # id(root array) -> (root, stream, seq, future)
-        self.ops = {"upload": 0, "launch": 0, "event": 0, "memset": 0}
+        self.ops = {"upload": 0, "launch": 0, "event": 0, "memset": 0, "alloc_bytes": 0}
         self.hazards = 0
         self.legacy = EmuStream(self, legacy=True)
 
@@ -401,6 +401,7 @@ class EmulatedDevice(Device):
         return s
 
     def empty(self, nbytes, dtype=np.uint8):
+        self.ops["alloc_bytes"] += nbytes
         return _emu_array(np.full(nbytes, GARBAGE, np.uint8).view(dtype), _current_emu())
 
     def zeros(self, n, dtype, stream=None):
@@ -413,6 +414,7 @@ class EmulatedDevice(Device):
         host = np.array(host)                  # a pageable copy: the caller may reuse ``host``
         out = _emu_array(np.empty_like(host), _current_emu())
         self.ops["upload"] += 1
+        self.ops["alloc_bytes"] += host.nbytes
         self._submit(stream, np.copyto, out, host, touches=(out,))
         return out
 
@@ -440,8 +442,8 @@ class EmulatedDevice(Device):
         self._submit(s, event.synchronize)
         s.after[id(event.stream)] = max(s.after.get(id(event.stream), 0), event.seq)
 
-    def forward_event(self):
-        return self.record(self.current_stream())
+    def forward_event(self, stream=None):
+        return self.record(stream or self.current_stream())
 
     def _check_owner(self, arrays) -> None:
         cur = _current_emu()
@@ -561,7 +563,7 @@ class EmuKvikio:
 def window_engine(device: Device, alignment: int, threads: int):
     """The engine that reads files straight into ``device`` memory (kvikio)."""
     from ..io.kvikio_engine import KvikioEngine
-    if device is EMULATED:
+    if isinstance(device, EmulatedDevice):
         return KvikioEngine(alignment=alignment, threads=threads, kvikio_module=EmuKvikio,
                             array_module=EmuXP)
     return KvikioEngine(alignment=alignment, threads=threads)
