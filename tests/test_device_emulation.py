@@ -208,6 +208,7 @@ def direct_restorer(st, index, monkeypatch):
     t = threading.Thread(target=scheduler_thread)
     t.start()
     t.join()
+    out["r"].pool.submit(lambda: None).result()       # the worker has warmed up (numba)
     return out["r"], torch
 
 
