@@ -79,7 +79,7 @@ def test_scatter_refuses_bad_device_arguments():
         sc.scatter_layer(win, [0], [0], [torch.zeros(16, 2, 16, device="meta"), v], LAY)
     with pytest.raises(ValueError, match="not C-contiguous"):
         sc.scatter_layer(dv.emulated_view(win)[::2], [0], [0], [k, v], LAY)
-    with pytest.raises(TypeError, match="window is in emulated memory but dest"):
+    with pytest.raises(TypeError, match="window is in emulated device 0 memory but dest"):
         sc.scatter_layer(dv.emulated_view(win), [0], [0], [k, v], LAY)
     with pytest.raises(ValueError, match="mask is for device memory"):
         sc.scatter_layer(win, [0], [0], [k, v], LAY, mask=np.ones(1, np.uint8))
