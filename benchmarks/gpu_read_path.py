@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -45,7 +46,7 @@ def checksums(dev) -> dict:
         got = dev.download(ck.sums_on_device(dev, dev.upload(win), src, n))
         wrong += [n] if got.tolist() != want else []
     out = {"lengths": LENGTHS, "wrong_lengths": wrong, "ok": not wrong}
-    if dev is dv.CUDA:
+    if dev.name == "cuda":
         out["bandwidth"] = _checksum_bandwidth()
     return out
 
@@ -86,8 +87,9 @@ def _checksum_bandwidth() -> dict:
     return row
 
 
-def _store(root, lay) -> tuple[FlatCakeStore, list[str], np.ndarray]:
-    """24 blocks in 3 turns: turns 0 and 1 on SSD, the last 4 blocks in memory."""
+def _store(root, lay, memory_only=False) -> tuple[FlatCakeStore, list[str], np.ndarray]:
+    """24 blocks in 3 turns: turns 0 and 1 on SSD, the last 4 blocks in memory (or all of
+    them in memory)."""
     import hashlib
     cfg = FlatCakeConfig(memory_bytes=64 << 20, ssd_bytes=1 << 30, extent_bytes=4 << 20,
                          io_threads=4)
@@ -95,17 +97,19 @@ def _store(root, lay) -> tuple[FlatCakeStore, list[str], np.ndarray]:
     keys = [hashlib.sha256(f"k{i}".encode()).hexdigest() for i in range(24)]
     data = np.random.default_rng(7).integers(0, 256, (24, lay.block_bytes), dtype=np.uint8)
     for t, (a, b) in enumerate([(0, 10), (10, 20), (20, 24)]):
-        sig = WriteSignals(turn=t, prev_reply_tokens=10 if t == 2 else 10_000)
+        sig = WriteSignals(turn=t + memory_only,
+                           prev_reply_tokens=10 if t == 2 or memory_only else 10_000)
         st.put(keys[a:b], data[a:b], prefix_keys=keys[:a], signals=sig)
     return st, keys, data
 
 
 def _pool(dev, torch, lay, heads, dim, slots):
     shape = (slots, heads, dim)
-    if dev is dv.EMULATED:
-        mk = lambda: dv.emulated_view(np.zeros(shape, np.uint16))  # noqa: E731
+    if dev.name == "emulated":
+        mk = lambda: dv.emulated_view(np.zeros(shape, np.uint16), dev.index)  # noqa: E731
     elif torch is not None:
-        mk = lambda: torch.zeros(shape, dtype=torch.bfloat16, device="cuda")  # noqa: E731
+        mk = lambda: torch.zeros(shape, dtype=torch.bfloat16,  # noqa: E731
+                                 device=f"cuda:{dev.index}")
     else:
         import cupy
         mk = lambda: cupy.zeros(shape, cupy.uint16)  # noqa: E731
@@ -184,6 +188,50 @@ def restore_to_slots(dev, torch, workdir) -> dict:
     return out
 
 
+def on_device_thread(dev, fn, *args):
+    """Run ``fn`` on a new thread whose current device is ``dev`` (as SGLang's scheduler
+    of a rank on that device: set_device), and return its result."""
+    out = {}
+
+    def run():
+        dev.activate()
+        try:
+            out["r"] = fn(dev, *args)
+        except BaseException as e:  # handed to the caller's thread
+            out["e"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "e" in out:
+        raise out["e"]
+    return out["r"]
+
+
+def memory_only(dev, torch, workdir) -> dict:
+    """A restore whose every block is in memory (no window: the uploads and scatters run
+    on the current stream and the restore's final sync is the only wait)."""
+    lay, heads, dim = LAYOUTS["mha_bf16"]
+    root = tempfile.mkdtemp(prefix="memonly-", dir=workdir)
+    st, keys, data = _store(root, lay, memory_only=True)
+    try:
+        want = st.alloc_blocks(24)
+        assert st.get(keys, want).hits == 24
+        pages = (np.random.default_rng(4).permutation(40)[:24] + 1).astype(np.int64)
+        first = pages * lay.page_tokens
+        slots = (first[:, None] + np.arange(lay.page_tokens)).reshape(-1)
+        pools = _pool(dev, torch, lay, heads, dim, 41 * lay.page_tokens)
+        t = time.perf_counter()
+        r = st.restore_to_slots(keys, pools[0], pools[1], slots)
+        row = {"seconds": round(time.perf_counter() - t, 3), "hits": r.hits,
+               "from_memory": r.from_memory, "error": r.error,
+               "wrong_pieces": _wrong_pieces(lay, pools, first, want, r.hits)}
+        row["ok"] = r.hits == 24 and r.from_memory == 24 and row["wrong_pieces"] == 0
+        return row
+    finally:
+        st.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def direct_flow(dev, torch, workdir) -> dict:
     """allocate -> submit -> local_result -> finish, one flow of 24 pages past a prefix."""
     if torch is None:
@@ -193,9 +241,9 @@ def direct_flow(dev, torch, workdir) -> dict:
     lay, heads, dim = LAYOUTS["mha_bf16"]
     root = tempfile.mkdtemp(prefix="direct-", dir=workdir)
     st, keys, data = _store(root, lay)
-    on = "cuda" if dev is dv.CUDA else "cpu"
+    on = "cuda" if dev.name == "cuda" else "cpu"
     old = os.environ.get(dv.EMULATE_ENV)
-    if dev is dv.EMULATED:
+    if dev.name == "emulated":
         os.environ[dv.EMULATE_ENV] = "1"
     r = None
     try:
@@ -204,6 +252,10 @@ def direct_flow(dev, torch, workdir) -> dict:
         sched, pool, alloc, tree = standin.scheduler(
             torch, "mha", lay.layers, 40 * 16, heads, dim, torch.bfloat16, 16,
             on, prefix_tokens=16)
+        if on == "cuda":       # SGLang's forward stream: the restore fences on it
+            from types import SimpleNamespace
+            sched.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(
+                forward_stream=torch.cuda.current_stream()))
         r = DirectRestorer(sched, standin.backend(st))
         flow = Flow("gpu-check", "handle", list(range(16 + 24 * 16)), keys, 16,
                     20 * lay.block_bytes, 4 * lay.block_bytes)
