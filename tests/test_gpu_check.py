@@ -37,3 +37,43 @@ def test_direct_flow_part_with_the_stand_in_scheduler(tmp_path):
     assert r["ok"] and r["device"] == "emulated" and r["pages"] == 24
     assert r["inserted_len"] == 16 + 24 * 16 and r["locks_left"] == 0
     assert os.environ.get(dv.EMULATE_ENV) == before          # the switch is put back
+
+
+def test_memory_only_part_on_the_emulated_device(tmp_path):
+    r = rp.on_device_thread(dv.EMULATED, rp.memory_only, None, str(tmp_path))
+    assert r["ok"] and r["from_memory"] == 24 and r["wrong_pieces"] == 0
+
+
+def test_device_1_part_runs_from_a_thread_on_device_1(tmp_path):
+    r = rp.on_device_thread(dv.EMULATED_DEVICES[1], rp.restore_to_slots, None, str(tmp_path))
+    assert r["ok"]
+
+
+def test_a_failing_part_is_reported_and_the_json_is_written_after_each_part(tmp_path,
+                                                                            monkeypatch):
+    import json
+
+    import gpu_check as gc
+    seen = []
+
+    def part(name):
+        def run(*a, **k):
+            seen.append(json.loads(out.read_text()) if out.exists() else None)
+            return {"ok": True, "part": name}
+        return run
+
+    def broken(*a, **k):
+        raise RuntimeError("injected")
+    out = tmp_path / "gpu.json"
+    monkeypatch.setattr(gc, "correctness", broken)
+    for name in ("bandwidth_emulated", "pipeline"):
+        monkeypatch.setattr(gc, name, part(name))
+    for name in ("checksums", "restore_to_slots", "memory_only", "direct_flow"):
+        monkeypatch.setattr(rp, name, part(name))
+    res = gc.main(["--emulate", "--json", str(out), "--dir", str(tmp_path)])
+    assert "injected" in res["correctness"]["error"]
+    for name in ("bandwidth", "checksums", "pipeline", "restore_to_slots", "memory_only",
+                 "direct_flow", "device_1"):
+        assert res[name]["ok"], name
+    assert "correctness" in seen[0] and "environment" in seen[0]    # written before part 3
+    assert json.loads(out.read_text())["seconds"] == res["seconds"]
