@@ -1,23 +1,19 @@
-"""GPU check for issue 6 (SSD to device without staging); prints one JSON object.
+"""GPU check of the device read path (issues 6 and 19); writes one JSON object.
 
-    python benchmarks/gpu_check.py [--size-gib 2] [--dir DIR] [--json OUT] [--emulate]
+    python benchmarks/gpu_check.py [--size-gib 2] [--bound-s 300] [--dir DIR] [--json OUT]
+                                   [--emulate]
 
-1. correctness: the scatter (CuPy kernel on CUDA; the numba twin always) against
-   ``scatter_reference`` (torch, on the GPU when there is one) over a sweep of
-   layouts, dtypes, page sizes and window alignments;
-2. bandwidth: the scatter of one layer next to a device-to-device copy of the same bytes
-   (``cudaMemcpyAsync``) in the same run (target: scatter >= 0.80 x copy);
-3. pipeline: a layer-major session file restored through the two-buffer window into
-   SGLang-shaped KV buffers (kvikio into device memory, then the scatter) next to kvikio
-   reading the same file into one flat device buffer (target: window >= 0.90 x flat).
-4. the read path users run (``gpu_read_path.py``): the checksum kernel against xxhash
-   (and its throughput next to a device copy), ``restore_to_slots`` into SGLang-shaped
-   device pools (MHA bf16, MLA) from memory- and SSD-tier blocks with flipped bytes that
-   must come back as misses, and one ``DirectRestorer`` flow with a stand-in scheduler.
-On a machine without CUDA the GPU parts are skipped (saying why) and parts 1 and 3 run
-on the host: the numba twin, and the POSIX engine into a host window; ``--emulate`` runs
-part 4 on the emulated device (the CUDA branch on host memory) so the script is proven
-before the GPU run.  Runs in well under 5 minutes on one H200; see benchmarks/README_gpu.md.
+Parts (each in its own error handling; the JSON is written to ``--json``, default
+``$OUT/gpu_check.json``, after every part, and printed at the end): environment,
+correctness (the scatter against the torch reference), bandwidth (scatter vs a device
+copy), checksums (``checksum.cu`` vs xxhash, and its GB/s), pipeline (a layer-major file
+restored as the server does it: kvikio window, checksums on the device, scatter on the
+window stream, on a worker thread that sets its device; vs one flat read), then the read
+path users run (``gpu_read_path.py``): restore_to_slots, memory_only, direct_flow and
+device_1 (a rank on GPU 1, when there are two).  The kernel parts need CuPy and a GPU,
+not kvikio.  At ``--bound-s`` the script writes and prints what it has and exits 3.
+Without CUDA the GPU parts are skipped saying why; ``--emulate`` runs every part on the
+emulated device.  See benchmarks/README_gpu.md for the one device call.
 """
 
 from __future__ import annotations
