@@ -54,8 +54,8 @@ from sglang_flatcake.io.base import ReadCommand  # noqa: E402
 from sglang_flatcake.io.kvikio_engine import KvikioEngine, kvikio_usable  # noqa: E402
 from sglang_flatcake.read import device as dv  # noqa: E402
 from sglang_flatcake.io.posix import PosixEngine  # noqa: E402
-from sglang_flatcake.layout import KVLayout, SegmentGeometry  # noqa: E402
-from sglang_flatcake.read.planner import SegmentRead, plan_reads  # noqa: E402
+from sglang_flatcake.layout import KVLayout  # noqa: E402
+from sglang_flatcake.read.planner import plan_reads  # noqa: E402
 from sglang_flatcake.read.scatter import (cuda_launcher, prepare, scatter_layer,  # noqa: E402
                                      scatter_reference)
 from sglang_flatcake.read.window import LayerWindow  # noqa: E402
@@ -215,56 +215,6 @@ def bandwidth(pieces: int) -> dict:
     return res
 
 
-def bandwidth_emulated(dev) -> dict:
-    """The bandwidth part's calls on the emulated device (the numbers time host copies:
-    they prove the part runs, not how fast a GPU is)."""
-    lay = layout_of("mha", 8, 128, "bfloat16", 64)
-    n = 146
-    nbytes = n * lay.block_layer_bytes
-    rng = np.random.default_rng(0)
-    s = dev.stream()
-    win = dev.upload(rng.integers(0, 256, nbytes, dtype=np.uint8), s)
-    src = np.arange(n, dtype=np.int64) * lay.block_layer_bytes
-    dst = ((rng.permutation(n) + 1) * 64).astype(np.int64)
-    kv = [dev.zeros((n + 1) * 64 * 8 * 128, np.uint16, s).reshape((n + 1) * 64, 8, 128)
-          for _ in range(2)]
-    scat = cuda_launcher(prepare(win, src, dst, kv, lay), s)
-    scat().synchronize()                  # the host twin compiles on the first call
-    t = time.perf_counter()
-    for _ in range(3):
-        scat().synchronize()
-    dt = (time.perf_counter() - t) / 3
-    return {"emulated": True, "bytes": nbytes, "scatter_gb_s": round(nbytes / dt / 1e9, 2)}
-
-
-def write_session(path: str, lay: KVLayout, turns: int, n_blocks: int):
-    """A layer-major session file of ``turns`` segments; the reads wanting every block."""
-    geos = [SegmentGeometry(lay, n_blocks // turns + (t < n_blocks % turns), A)
-            for t in range(turns)]
-    pool = np.random.default_rng(1).integers(0, 256, 96 << 20, dtype=np.uint8)
-    reads, off, pos, chunk = [], 0, 0, 0
-    with open(path, "wb") as f:
-        for g in geos:
-            left = g.total_bytes
-            while left:                      # 32 MiB chunks from shifting places of the pool
-                k, start = min(left, 32 << 20), (chunk * 7919 * 4096) % (64 << 20)
-                f.write(memoryview(pool[start:start + k]))
-                left, chunk = left - k, chunk + 1
-            idx = np.arange(g.n_blocks)
-            reads.append(SegmentRead(path, off, g, idx, idx + pos,
-                                     np.zeros((lay.layers, g.n_blocks), np.uint64)))
-            off, pos = off + g.total_bytes, pos + g.n_blocks
-        f.flush()
-        os.fsync(f.fileno())
-    data = np.memmap(path, np.uint8, "r")       # the checksums a store would have written
-    for r in reads:
-        for layer in range(lay.layers):
-            for i in range(r.geometry.n_blocks):
-                o = r.offset + r.geometry.block_offset(layer, i)
-                r.checksums[layer, i] = xxhash.xxh3_64_intdigest(data[o:o + lay.block_layer_bytes])
-    return reads, off
-
-
 def pipeline(dev, size_gib: float, workdir: str, repeat: int) -> dict:
     """Window restore of a real file vs one flat read of it, alternating, cache dropped.
 
@@ -275,6 +225,7 @@ def pipeline(dev, size_gib: float, workdir: str, repeat: int) -> dict:
     n = max(10, int(size_gib * (1 << 30)) // lay.block_bytes)
     path = os.path.join(workdir, "session.kv")
     t0 = time.perf_counter()
+    from gpu_read_path import write_session
     reads, size = write_session(path, lay, 10, n)
     plan = plan_reads(reads, A, 64 << 10)
     per_layer = np.bincount(plan.command_layer, weights=[c.length for c in plan.commands])
@@ -396,7 +347,7 @@ def main(argv=None) -> dict:
         ("environment", lambda: environment(gpus, kvikio_ok, why or kwhy)),
         ("correctness", lambda: correctness(dev)),
         ("bandwidth", (lambda: bandwidth(a.pieces)) if gpus else
-         (lambda: bandwidth_emulated(dev)) if dev else None),
+         (lambda: rp.bandwidth_emulated(dev)) if dev else None),
         ("checksums", (lambda: rp.checksums(dev)) if dev else None),
         ("pipeline", lambda: pipeline(
             dev if reads else None, a.size_gib if gpus else min(a.size_gib, 0.25),

@@ -25,7 +25,9 @@ import standin
 from sglang_flatcake.read import checksum as ck
 from sglang_flatcake.read import device as dv
 from sglang_flatcake.config import FlatCakeConfig
-from sglang_flatcake.layout import KVLayout
+from sglang_flatcake.layout import KVLayout, SegmentGeometry
+from sglang_flatcake.read.planner import SegmentRead
+from sglang_flatcake.read.scatter import cuda_launcher, prepare
 from sglang_flatcake.placement import WriteSignals
 from sglang_flatcake.store import FlatCakeStore
 
@@ -284,3 +286,55 @@ def direct_flow(dev, torch, workdir) -> dict:
             os.environ.pop(dv.EMULATE_ENV, None)
         else:
             os.environ[dv.EMULATE_ENV] = old
+
+
+def bandwidth_emulated(dev) -> dict:
+    """The bandwidth part's calls on the emulated device (the numbers time host copies:
+    they prove the part runs, not how fast a GPU is)."""
+    lay = KVLayout.mha(1, 8, 128, "bfloat16", 64)
+    n = 146
+    nbytes = n * lay.block_layer_bytes
+    rng = np.random.default_rng(0)
+    s = dev.stream()
+    win = dev.upload(rng.integers(0, 256, nbytes, dtype=np.uint8), s)
+    src = np.arange(n, dtype=np.int64) * lay.block_layer_bytes
+    dst = ((rng.permutation(n) + 1) * 64).astype(np.int64)
+    kv = [dev.zeros((n + 1) * 64 * 8 * 128, np.uint16, s).reshape((n + 1) * 64, 8, 128)
+          for _ in range(2)]
+    scat = cuda_launcher(prepare(win, src, dst, kv, lay), s)
+    scat().synchronize()                  # the host twin compiles on the first call
+    t = time.perf_counter()
+    for _ in range(3):
+        scat().synchronize()
+    dt = (time.perf_counter() - t) / 3
+    return {"emulated": True, "bytes": nbytes, "scatter_gb_s": round(nbytes / dt / 1e9, 2)}
+
+
+def write_session(path: str, lay: KVLayout, turns: int, n_blocks: int):
+    """A layer-major session file of ``turns`` segments; the reads wanting every block,
+    with the checksums a store would have written."""
+    import xxhash
+    geos = [SegmentGeometry(lay, n_blocks // turns + (t < n_blocks % turns), 4096)
+            for t in range(turns)]
+    pool = np.random.default_rng(1).integers(0, 256, 96 << 20, dtype=np.uint8)
+    reads, off, pos, chunk = [], 0, 0, 0
+    with open(path, "wb") as f:
+        for g in geos:
+            left = g.total_bytes
+            while left:                      # 32 MiB chunks from shifting places of the pool
+                k, start = min(left, 32 << 20), (chunk * 7919 * 4096) % (64 << 20)
+                f.write(memoryview(pool[start:start + k]))
+                left, chunk = left - k, chunk + 1
+            idx = np.arange(g.n_blocks)
+            reads.append(SegmentRead(path, off, g, idx, idx + pos,
+                                     np.zeros((lay.layers, g.n_blocks), np.uint64)))
+            off, pos = off + g.total_bytes, pos + g.n_blocks
+        f.flush()
+        os.fsync(f.fileno())
+    data = np.memmap(path, np.uint8, "r")       # the checksums a store would have written
+    for r in reads:
+        for layer in range(lay.layers):
+            for i in range(r.geometry.n_blocks):
+                o = r.offset + r.geometry.block_offset(layer, i)
+                r.checksums[layer, i] = xxhash.xxh3_64_intdigest(data[o:o + lay.block_layer_bytes])
+    return reads, off

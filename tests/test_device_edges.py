@@ -19,6 +19,7 @@ from test_window import A, MemEngine, kv_dests, session_file, store_with_session
 
 from sglang_flatcake.read import checksum as ck
 from sglang_flatcake.read import device as dv
+from sglang_flatcake.read import device_base
 from sglang_flatcake.read import scatter as sc
 from sglang_flatcake.errors import IOEngineError
 from sglang_flatcake.layout import KVLayout
@@ -62,7 +63,7 @@ def test_emulated_stream_synchronize_waits_for_its_work():
 def test_kernel_sources_are_found_or_named_missing(monkeypatch, tmp_path):
     assert "flatcake_xxh3_64" in dv.kernel_source("checksum.cu")
     assert "flatcake_scatter_w16" in sc.kernel_source()
-    monkeypatch.setattr(dv, "KERNEL_DIRS", (tmp_path / "a", tmp_path / "b"))
+    monkeypatch.setattr(device_base, "KERNEL_DIRS", (tmp_path / "a", tmp_path / "b"))
     assert dv.kernel_path("scatter.cu") == tmp_path / "a" / "scatter.cu"
     with pytest.raises(RuntimeError, match="scatter.cu is missing"):
         dv.kernel_source("scatter.cu")

@@ -66,9 +66,9 @@ def test_a_failing_part_is_reported_and_the_json_is_written_after_each_part(tmp_
         raise RuntimeError("injected")
     out = tmp_path / "gpu.json"
     monkeypatch.setattr(gc, "correctness", broken)
-    for name in ("bandwidth_emulated", "pipeline"):
-        monkeypatch.setattr(gc, name, part(name))
-    for name in ("checksums", "restore_to_slots", "memory_only", "direct_flow"):
+    monkeypatch.setattr(gc, "pipeline", part("pipeline"))
+    for name in ("bandwidth_emulated", "checksums", "restore_to_slots", "memory_only",
+                 "direct_flow"):
         monkeypatch.setattr(rp, name, part(name))
     res = gc.main(["--emulate", "--json", str(out), "--dir", str(tmp_path)])
     assert "injected" in res["correctness"]["error"]

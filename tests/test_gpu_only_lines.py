@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOW = Path(__file__).with_name("gpu_only_lines.txt")
 MAX_LINES = 40
 READ_PATH = ["sglang_flatcake/read/window.py", "sglang_flatcake/read/window_run.py",
+             "sglang_flatcake/read/emulated.py", "sglang_flatcake/read/device_base.py",
              "sglang_flatcake/read/fills.py",
              "sglang_flatcake/read/to_slots.py",
              "sglang_flatcake/read/scatter.py", "sglang_flatcake/read/checksum.py",

@@ -35,9 +35,11 @@ from typing import Callable
 from . import device as dv
 from ..io.base import IOEngine
 from ..layout import align_up
-from .fills import plan_fills  # noqa: F401  (re-exported: ``from .window import plan_fills``)
+from .fills import plan_fills
 from .planner import ReadPlan
 from .window_run import WindowRun
+
+__all__ = ["LayerWindow", "LayerTiming", "RestoreStats", "ScatterFn", "plan_fills"]
 
 ScatterFn = Callable[..., object]
 """``scatter_fn(layer, window, src_offsets, dest_blocks[, mask]) -> None | event``: copy
