@@ -183,7 +183,7 @@ def test_a_restore_into_a_pool_on_device_1_runs_from_a_fresh_thread(tmp_path, de
 
 
 # ---------------------------------------------------------------- findings 2 and 3: direct
-def direct_restorer(st, index, monkeypatch):
+def direct_restorer(st, index, monkeypatch, emulate=True):
     """A ``DirectRestorer`` made on a scheduler thread whose current device is ``index``
     (SGLang's set_device), over CPU torch pools served as emulated device memory."""
     torch = pytest.importorskip("torch")
@@ -191,7 +191,7 @@ def direct_restorer(st, index, monkeypatch):
     from types import SimpleNamespace
 
     from sglang_flatcake.sglang.direct import DirectRestorer
-    monkeypatch.setenv(dv.EMULATE_ENV, "1")
+    monkeypatch.setenv(dv.EMULATE_ENV, "1" if emulate else "0")
     shape = (30 * LAY.page_tokens, 2, 32)
     kv = SimpleNamespace(k_buffer=[torch.zeros(shape, dtype=torch.bfloat16)
                                    for _ in range(LAY.layers)],
@@ -268,6 +268,20 @@ def test_the_restore_waits_for_the_forward_stream_still_writing_its_slots(tmp_pa
         res = flow.future.result()
         assert res.error is None and res.hits == 24
         assert_pages(data, [r.dest_k, r.dest_v], np.arange(24), 24)
+    finally:
+        r.close()
+        st.close()
+
+
+def test_a_host_pool_has_no_forward_fence_and_a_host_window_no_stream(tmp_path, monkeypatch):
+    st, keys, data = make_store(tmp_path)
+    r, torch = direct_restorer(st, 0, monkeypatch, emulate=False)
+    try:
+        assert r.device is None and r.forward_fence() is None
+        win = LayerWindow(st.engine, 4096)
+        with pytest.raises(ValueError, match="a host window has no stream to order"):
+            win.after(None)
+        win.close()
     finally:
         r.close()
         st.close()
