@@ -206,6 +206,8 @@ class EmulatedDevice(Device):
             if fut is not None:
                 with self._lock:
                     self._last[id(r)] = (r, s, s.seq, fut)
+                    if len(self._last) > 1024:      # forget finished work (keeps no memory alive)
+                        self._last = {k: v for k, v in self._last.items() if not v[3].done()}
 
     def _submit(self, stream, fn, *args, touches=()) -> Future:
         s = stream or self.current_stream()
