@@ -379,3 +379,14 @@ def test_a_verified_device_fill_costs_two_uploads_two_launches_one_event(tmp_pat
         win.close()
         win.engine.close()
         st.close()
+
+
+def test_the_hazard_table_forgets_finished_work():
+    dev = dv.EmulatedDevice(0)
+    s = dev.stream()
+    for _ in range(1100):
+        dev.zeros(1, np.uint8, s)
+    s.synchronize()
+    dev.zeros(1, np.uint8, s)
+    assert len(dev._last) < 100
+    s.close()
