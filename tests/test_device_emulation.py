@@ -344,12 +344,15 @@ def test_a_failed_pin_is_an_error_not_silently_pageable_memory(monkeypatch):
 
 
 # ---------------------------------------------------------------- findings 8 and 9
-def test_a_device_window_compiles_both_kernels_when_made(tmp_path):
+def test_a_device_window_compiles_both_kernels_when_made(tmp_path, monkeypatch):
     dev = dv.EMULATED
-    dev._modules.clear()
+    calls = []
+    real = dev.compile
+    monkeypatch.setattr(dev, "compile", lambda *a: calls.append(a) or real(*a))
     win = LayerWindow(dv.window_engine(dev, 4096, 2), 4096, device="emulated")
     try:
-        assert {k for k, _ in dev._modules} == set(dv.KERNELS)
+        assert calls == [()]                        # once, when the window is made
+        assert {k for k, i in dev.compiled if i == 0} == set(dv.KERNELS)
     finally:
         win.close()
         win.engine.close()
@@ -388,5 +391,5 @@ def test_the_hazard_table_forgets_finished_work():
         dev.zeros(1, np.uint8, s)
     s.synchronize()
     dev.zeros(1, np.uint8, s)
-    assert len(dev._last) < 100
+    assert dev.tracked < 100
     s.close()

@@ -65,6 +65,12 @@ class Device:
         for k in kernels:
             self.module(k)
 
+    @property
+    def compiled(self) -> set:
+        """(kernel, device index) of every module built so far."""
+        with self._lock:
+            return set(self._modules)
+
     def module(self, kernel: str):
         """The compiled module of ``kernel`` for the current device, built once."""
         key = (kernel, self.current_index())

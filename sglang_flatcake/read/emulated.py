@@ -158,6 +158,12 @@ class EmulatedDevice(Device):
         self.hazards = 0
         self.legacy = EmuStream(self, legacy=True)
 
+    @property
+    def tracked(self) -> int:
+        """Allocations whose last stream operation the hazard check remembers."""
+        with self._lock:
+            return len(self._last)
+
     def activate(self):
         _tls.index = self.index
 
