@@ -73,7 +73,9 @@ class CudaDevice(Device):
         return _cp().cuda.Device().id
 
     def _build(self, kernel, source):
-        return _cp().RawModule(code=source, options=NVRTC_OPTIONS)
+        m = _cp().RawModule(code=source, options=NVRTC_OPTIONS)
+        m.compile()                   # now: RawModule alone compiles at the first launch
+        return m
 
     def _on(self, stream):
         return stream or _cp().cuda.get_current_stream()
