@@ -1,23 +1,19 @@
-"""GPU check for issue 6 (SSD to device without staging); prints one JSON object.
+"""GPU check of the device read path (issues 6 and 19); writes one JSON object.
 
-    python benchmarks/gpu_check.py [--size-gib 2] [--dir DIR] [--json OUT] [--emulate]
+    python benchmarks/gpu_check.py [--size-gib 2] [--bound-s 300] [--dir DIR] [--json OUT]
+                                   [--emulate]
 
-1. correctness: the scatter (CuPy kernel on CUDA; the numba twin always) against
-   ``scatter_reference`` (torch, on the GPU when there is one) over a sweep of
-   layouts, dtypes, page sizes and window alignments;
-2. bandwidth: the scatter of one layer next to a device-to-device copy of the same bytes
-   (``cudaMemcpyAsync``) in the same run (target: scatter >= 0.80 x copy);
-3. pipeline: a layer-major session file restored through the two-buffer window into
-   SGLang-shaped KV buffers (kvikio into device memory, then the scatter) next to kvikio
-   reading the same file into one flat device buffer (target: window >= 0.90 x flat).
-4. the read path users run (``gpu_read_path.py``): the checksum kernel against xxhash
-   (and its throughput next to a device copy), ``restore_to_slots`` into SGLang-shaped
-   device pools (MHA bf16, MLA) from memory- and SSD-tier blocks with flipped bytes that
-   must come back as misses, and one ``DirectRestorer`` flow with a stand-in scheduler.
-On a machine without CUDA the GPU parts are skipped (saying why) and parts 1 and 3 run
-on the host: the numba twin, and the POSIX engine into a host window; ``--emulate`` runs
-part 4 on the emulated device (the CUDA branch on host memory) so the script is proven
-before the GPU run.  Runs in well under 5 minutes on one H200; see benchmarks/README_gpu.md.
+Parts (each in its own error handling; the JSON is written to ``--json``, default
+``$OUT/gpu_check.json``, after every part, and printed at the end): environment,
+correctness (the scatter against the torch reference), bandwidth (scatter vs a device
+copy), checksums (``checksum.cu`` vs xxhash, and its GB/s), pipeline (a layer-major file
+restored as the server does it: kvikio window, checksums on the device, scatter on the
+window stream, on a worker thread that sets its device; vs one flat read), then the read
+path users run (``gpu_read_path.py``): restore_to_slots, memory_only, direct_flow and
+device_1 (a rank on GPU 1, when there are two).  The kernel parts need CuPy and a GPU,
+not kvikio.  At ``--bound-s`` the script writes and prints what it has and exits 3.
+Without CUDA the GPU parts are skipped saying why; ``--emulate`` runs every part on the
+emulated device.  See benchmarks/README_gpu.md for the one device call.
 """
 
 from __future__ import annotations
@@ -30,7 +26,10 @@ import shutil
 import sys
 import tempfile
 import time
+import threading
+import traceback
 import types
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -40,22 +39,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 NOTES: list[str] = []
 
 try:
-    import xxhash  # noqa: F401  (the store's checksums; the read-path parts compare with it)
+    import xxhash  # the store's checksums; the read-path parts compare with it
 except ImportError:
     stub = types.ModuleType("xxhash")
 
     def _missing(*a, **k):
         raise RuntimeError("xxhash is not installed (carry its wheel, see README_gpu.md)")
     stub.xxh3_64_intdigest = _missing
-    sys.modules["xxhash"] = stub
+    sys.modules["xxhash"] = xxhash = stub
     NOTES.append("xxhash missing: stubbed (parts 1-3 run; the read-path parts report errors)")
 
 from sglang_flatcake.commands.bench_restore import drop_page_cache  # noqa: E402
 from sglang_flatcake.io.base import ReadCommand  # noqa: E402
 from sglang_flatcake.io.kvikio_engine import KvikioEngine, kvikio_usable  # noqa: E402
+from sglang_flatcake.read import device as dv  # noqa: E402
 from sglang_flatcake.io.posix import PosixEngine  # noqa: E402
-from sglang_flatcake.layout import KVLayout, SegmentGeometry  # noqa: E402
-from sglang_flatcake.read.planner import SegmentRead, plan_reads  # noqa: E402
+from sglang_flatcake.layout import KVLayout  # noqa: E402
+from sglang_flatcake.read.planner import plan_reads  # noqa: E402
 from sglang_flatcake.read.scatter import (cuda_launcher, prepare, scatter_layer,  # noqa: E402
                                      scatter_reference)
 from sglang_flatcake.read.window import LayerWindow  # noqa: E402
@@ -82,20 +82,32 @@ def torch_or_none():
         return None
 
 
-def environment(cuda_ok: bool, why: str) -> dict:
-    env = {"python": platform.python_version(), "numpy": np.__version__, "cuda": cuda_ok}
-    for mod in ("numba", "torch", "cupy", "kvikio"):
+def cuda_devices() -> tuple[int, str]:
+    """(CUDA devices CuPy sees, why none)."""
+    try:
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount()), ""
+    except Exception as e:  # cupy missing or no driver: reported, the host parts still run
+        return 0, f"{type(e).__name__}: {e}"
+
+
+def environment(gpus: int, kvikio_ok: bool, why: str) -> dict:
+    env = {"python": platform.python_version(), "numpy": np.__version__, "gpus": gpus,
+           "kvikio_usable": kvikio_ok}
+    for mod in ("numba", "torch", "cupy", "kvikio", "xxhash"):
         try:
-            env[mod] = __import__(mod).__version__
+            m = __import__(mod)
+            env[mod] = str(getattr(m, "__version__", getattr(m, "VERSION", "?")))
         except Exception as e:  # report, never fail on a missing optional module
             env[mod] = f"missing ({type(e).__name__})"
-    if cuda_ok:
+    if gpus:
         import cupy
         name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         env["device"] = name.decode() if isinstance(name, bytes) else str(name)
+    if kvikio_ok:
         env["kvikio_gds"] = KvikioEngine(A).stats()["gds"]
-    else:
-        env["why_no_gpu"] = why
+    if why:
+        env["why"] = why
     return env
 
 
@@ -104,11 +116,13 @@ def layout_of(kind, heads, dim, dtype, pt, layers=1) -> KVLayout:
             else KVLayout.mha(layers, heads, dim, dtype, pt))
 
 
-def correctness(cuda_ok: bool) -> dict:
-    """Each implementation against the reference; the reference runs on the GPU when it can."""
+def correctness(dev) -> dict:
+    """Each implementation against the reference; the reference runs on the GPU when it can.
+    ``dev``: the CUDA device, the emulated one, or ``None`` (the host twin only)."""
     torch = torch_or_none()
+    cuda_ok = dev is not None and dev.name == "cuda"
     out = {"reference": "torch" if torch else "numpy", "cases": len(SWEEP),
-           "host_twin_failures": [], "cuda_failures": [] if cuda_ok else None}
+           "host_twin_failures": [], "cuda_failures": [] if dev is not None else None}
     for i, (kind, heads, dim, dtype, pt, n, shift) in enumerate(SWEEP):
         lay = layout_of(kind, heads, dim, dtype, pt)
         rng = np.random.default_rng(i)
@@ -129,6 +143,12 @@ def correctness(cuda_ok: bool) -> dict:
         scatter_layer(window, src, dst, got, lay)
         if not all(np.array_equal(g, w) for g, w in zip(got, want)):
             out["host_twin_failures"].append(i)
+        if dev is not None and not cuda_ok:          # the emulated device's launch
+            s = dev.stream()
+            gd = [dev.zeros(int(np.prod(shape)), word, s).reshape(shape) for _ in range(lay.parts)]
+            scatter_layer(dev.upload(window, s), src, dst, gd, lay, stream=s)
+            if not all(np.array_equal(dev.download(g, s), w) for g, w in zip(gd, want)):
+                out["cuda_failures"].append(i)
         if cuda_ok:
             import cupy
             if torch is not None:   # SGLang's buffers are torch tensors of the real dtype
@@ -195,58 +215,43 @@ def bandwidth(pieces: int) -> dict:
     return res
 
 
-def write_session(path: str, lay: KVLayout, turns: int, n_blocks: int):
-    """A layer-major session file of ``turns`` segments; the reads wanting every block."""
-    geos = [SegmentGeometry(lay, n_blocks // turns + (t < n_blocks % turns), A)
-            for t in range(turns)]
-    pool = np.random.default_rng(1).integers(0, 256, 96 << 20, dtype=np.uint8)
-    reads, off, pos, chunk = [], 0, 0, 0
-    with open(path, "wb") as f:
-        for g in geos:
-            left = g.total_bytes
-            while left:                      # 32 MiB chunks from shifting places of the pool
-                k, start = min(left, 32 << 20), (chunk * 7919 * 4096) % (64 << 20)
-                f.write(memoryview(pool[start:start + k]))
-                left, chunk = left - k, chunk + 1
-            idx = np.arange(g.n_blocks)
-            reads.append(SegmentRead(path, off, g, idx, idx + pos,
-                                     np.zeros((lay.layers, g.n_blocks), np.uint64)))
-            off, pos = off + g.total_bytes, pos + g.n_blocks
-        f.flush()
-        os.fsync(f.fileno())
-    return reads, off
+def pipeline(dev, size_gib: float, workdir: str, repeat: int) -> dict:
+    """Window restore of a real file vs one flat read of it, alternating, cache dropped.
 
-
-def pipeline(cuda_ok: bool, size_gib: float, workdir: str, repeat: int) -> dict:
-    """Window restore of a real file vs one flat read of it, alternating, cache dropped."""
+    On a device it runs as the server runs it: the kvikio window, checksums verified on
+    the device, the scatter on the window's stream, on a worker thread whose first act
+    is to make the device current (``dev``: CUDA or emulated; ``None``: a host window)."""
     lay = KVLayout.mha(28, 8, 128, "bfloat16", 64)
     n = max(10, int(size_gib * (1 << 30)) // lay.block_bytes)
     path = os.path.join(workdir, "session.kv")
     t0 = time.perf_counter()
+    from gpu_read_path import write_session
     reads, size = write_session(path, lay, 10, n)
     plan = plan_reads(reads, A, 64 << 10)
     per_layer = np.bincount(plan.command_layer, weights=[c.length for c in plan.commands])
-    out = {"engine": "kvikio" if cuda_ok else "posix", "bytes": size, "blocks": n,
+    out = {"bytes": size, "blocks": n,
            "bytes_read": plan.bytes_read, "read_commands": plan.read_commands,
            "write_s": round(time.perf_counter() - t0, 2)}
-    if cuda_ok:
-        import cupy
-        eng = KvikioEngine(A, threads=8, task_size=4 << 20)
-        xp, device = cupy, "cuda"
-    else:
-        eng = PosixEngine(A, threads=4)
-        xp, device = np, "cpu"
+    out["engine"] = "posix" if dev is None else "kvikio"
+    eng = PosixEngine(A, threads=4) if dev is None else dv.window_engine(dev, A, 8)
+    shape = ((n + 1) * 64, 8, 128)
     try:
-        win = LayerWindow(eng, int(per_layer.max()), 2, device=device, workers=0 if cuda_ok else 2)
-        kv = [[xp.zeros(((n + 1) * 64, 8, 128), xp.uint16) for _ in range(lay.layers)]
-              for _ in range(2)]
-        for x in kv[0] + kv[1]:
-            x.fill(0)                  # resident (host zeros are mapped lazily)
+        win = LayerWindow(eng, int(per_layer.max()), 2, device="cpu" if dev is None else dev.name,
+                          workers=2 if dev is None else 0)
+        if dev is None:
+            kv = [[np.zeros(shape, np.uint16) for _ in range(lay.layers)] for _ in range(2)]
+            for x in kv[0] + kv[1]:
+                x.fill(0)                  # resident (host zeros are mapped lazily)
+        else:
+            kv = [[dev.zeros(int(np.prod(shape)), np.uint16, win.stream).reshape(shape)
+                   for _ in range(lay.layers)] for _ in range(2)]
         first = (np.random.default_rng(2).permutation(n) + 1) * 64
         flat = eng.alloc(size)
+        worker = ThreadPoolExecutor(1, initializer=None if dev is None else dev.activate)
 
-        def scat(layer, buf, src, dest):
-            return scatter_layer(buf, src, first[dest], [kv[0][layer], kv[1][layer]], lay)
+        def scat(layer, buf, src, dest, mask=None):
+            return scatter_layer(buf, src, first[dest], [kv[0][layer], kv[1][layer]], lay,
+                                 stream=win.stream, mask=mask)
         runs = {"window": [], "flat": []}
         for _ in range(repeat):
             out["page_cache_dropped"] = drop_page_cache([path])
@@ -255,7 +260,7 @@ def pipeline(cuda_ok: bool, size_gib: float, workdir: str, repeat: int) -> dict:
             runs["flat"].append(size / (time.perf_counter() - t) / (1 << 30))
             drop_page_cache([path])
             t = time.perf_counter()
-            st = win.restore(plan, scat)
+            st = worker.submit(win.restore, plan, scat, dev is not None).result()
             runs["window"].append(plan.bytes_read / (time.perf_counter() - t) / (1 << 30))
         data = np.memmap(path, np.uint8, "r")
         bad = 0
@@ -266,7 +271,7 @@ def pipeline(cuda_ok: bool, size_gib: float, workdir: str, repeat: int) -> dict:
                 o = r.offset + r.geometry.block_offset(layer, i)
                 for part in range(2):
                     got = kv[part][layer][first[b]:first[b] + 64]
-                    got = cupy.asnumpy(got) if cuda_ok else got
+                    got = got if dev is None else dev.download(got, win.stream)
                     want = data[o + part * lay.part_bytes:o + (part + 1) * lay.part_bytes]
                     bad += not np.array_equal(got.view(np.uint8).reshape(-1), want)
         med = {k: float(np.median(v)) for k, v in runs.items()}
@@ -276,9 +281,13 @@ def pipeline(cuda_ok: bool, size_gib: float, workdir: str, repeat: int) -> dict:
             "meets_target": med["window"] / med["flat"] >= 0.90,
             "runs_gib_s": {k: [round(x, 3) for x in v] for k, v in runs.items()},
             "fills": st.fills, "read_waits": st.read_waits, "buffer_waits": st.buffer_waits,
+            "verified": st.verified, "corrupt": len(st.corrupt),
             "window_bytes": win.capacity * win.depth, "blocks_checked_wrong": bad,
             "io": eng.stats()})
+        out["meets_target"] = out["meets_target"] and bad == 0 and not st.corrupt
     finally:
+        if "worker" in locals():
+            worker.shutdown(wait=True)
         if "win" in locals():
             win.close()
         eng.close()
@@ -288,51 +297,92 @@ def pipeline(cuda_ok: bool, size_gib: float, workdir: str, repeat: int) -> dict:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-gib", type=float, default=None,
-                   help="session file size (default 4 on a GPU, 0.5 on a CPU)")
+    p.add_argument("--size-gib", type=float, default=2.0, help="session file size (default 2)")
     p.add_argument("--pieces", type=int, default=1024, help="pieces of the large bandwidth layer")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dir", help="where to write the session file (a real disk)")
-    p.add_argument("--json", help="also write the JSON here")
+    p.add_argument("--json", default=os.path.join(os.environ["OUT"], "gpu_check.json")
+                   if os.environ.get("OUT") else None,
+                   help="also write the JSON here, after every part (default: $OUT/gpu_check.json)")
+    p.add_argument("--bound-s", type=float, default=300.0,
+                   help="stop here, keeping the parts done (default 300)")
     p.add_argument("--emulate", action="store_true",
-                   help="without CUDA, run the read-path part on the emulated device")
+                   help="without CUDA, run every device part on the emulated device")
+    p.add_argument("--inject-failure", metavar="PART", default="",
+                   help="for tests: PART raises, to show the other parts still run and report")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
-    cuda_ok, why = kvikio_usable()
-    res: dict = {"environment": environment(cuda_ok, why), "notes": NOTES}
-    if not cuda_ok:
-        NOTES.append(f"GPU parts skipped: {why}")
-    import gpu_read_path as rp
-    from sglang_flatcake.read import device as dv
-    dev = dv.CUDA if cuda_ok else (dv.EMULATED if a.emulate else None)
+    res: dict = {"notes": NOTES}
+    lock = threading.Lock()
+
+    def save() -> str:
+        with lock:
+            text = json.dumps(res, default=str)
+        if a.json:
+            tmp = a.json + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, a.json)
+        return text
+
+    def out_of_time():        # the lease is never wasted: what is done is written and printed
+        with lock:
+            res["stopped"] = f"bound of {a.bound_s} s reached"
+        print(save(), flush=True)
+        os._exit(3)
+    timer = threading.Timer(a.bound_s, out_of_time)
+    timer.daemon = True
+    timer.start()
+
+    gpus, why = cuda_devices()
+    kvikio_ok, kwhy = kvikio_usable()
+    dev = dv.CUDA if gpus else (dv.EMULATED if a.emulate else None)
+    dev1 = (dv.cuda_device(1) if gpus >= 2 else dv.EMULATED_DEVICES[1] if a.emulate and not gpus
+            else None)
+    reads = dev is not None and (dev.name == "emulated" or kvikio_ok)   # a device window
+    no = why or kwhy
     work = a.dir or ROOT
     res["read_path_device"] = dev.name if dev is not None else None
-    for name, fn in (("correctness", lambda: correctness(cuda_ok)),
-                     ("bandwidth", (lambda: bandwidth(a.pieces)) if cuda_ok else None),
-                     ("pipeline", lambda: pipeline(
-                         cuda_ok, a.size_gib or (4.0 if cuda_ok else 0.5),
-                         tempfile.mkdtemp(prefix="flatcake-gpu-", dir=a.dir or ROOT), a.repeat)),
-                     ("checksums", (lambda: rp.checksums(dev)) if dev else None),
-                     ("restore_to_slots", (lambda: rp.restore_to_slots(
-                         dev, torch_or_none(), work)) if dev else None),
-                     ("direct_flow", (lambda: rp.direct_flow(dev, torch_or_none(), work))
-                      if dev else None)):
-        if fn is None:
-            res[name] = {"skipped": why + " (--emulate runs it on the emulated device)"
-                         if name in ("checksums", "restore_to_slots", "direct_flow") else why}
-            continue
+    torch = torch_or_none()
+    import gpu_read_path as rp
+    parts = (
+        ("environment", lambda: environment(gpus, kvikio_ok, why or kwhy)),
+        ("correctness", lambda: correctness(dev)),
+        ("bandwidth", (lambda: bandwidth(a.pieces)) if gpus else
+         (lambda: rp.bandwidth_emulated(dev)) if dev else None),
+        ("checksums", (lambda: rp.checksums(dev)) if dev else None),
+        ("pipeline", lambda: pipeline(
+            dev if reads else None, a.size_gib if gpus else min(a.size_gib, 0.25),
+            tempfile.mkdtemp(prefix="flatcake-gpu-", dir=work), a.repeat)),
+        ("restore_to_slots", (lambda: rp.on_device_thread(dev, rp.restore_to_slots, torch, work))
+         if reads else None),
+        ("memory_only", (lambda: rp.on_device_thread(dev, rp.memory_only, torch, work))
+         if dev else None),
+        ("direct_flow", (lambda: rp.direct_flow(dev, torch, work)) if reads else None),
+        ("device_1", (lambda: rp.on_device_thread(dev1, rp.restore_to_slots, torch, work))
+         if dev1 is not None and reads else None),
+    )
+    for name, fn in parts:
         t = time.perf_counter()
-        try:
-            res[name] = fn()
-        except Exception as e:  # report the failure in the JSON and go on to the next part
-            res[name] = {"error": f"{type(e).__name__}: {e}"}
-        res[name]["seconds"] = round(time.perf_counter() - t, 1)
-        print(f"gpu_check: {name} done in {res[name]['seconds']} s", file=sys.stderr)
+        if fn is None:
+            row = {"skipped": (no or "needs a second GPU") + " (--emulate runs it on the "
+                   "emulated device)"}
+        else:
+            try:
+                if name == a.inject_failure:
+                    raise RuntimeError("injected by --inject-failure")
+                row = fn()
+            except Exception as e:  # report the failure in the JSON and go on to the next part
+                row = {"error": f"{type(e).__name__}: {e}",
+                       "where": traceback.format_exc().splitlines()[-3:]}
+        row["seconds"] = round(time.perf_counter() - t, 1)
+        with lock:
+            res[name] = row
+        save()
+        print(f"gpu_check: {name} done in {row['seconds']} s", file=sys.stderr, flush=True)
+    timer.cancel()
     res["seconds"] = round(time.perf_counter() - t0, 1)
-    print(json.dumps(res))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    print(save())
     return res
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -23,7 +24,9 @@ import numpy as np
 from sglang_flatcake.read import checksum as ck
 from sglang_flatcake.read import device as dv
 from sglang_flatcake.config import FlatCakeConfig
-from sglang_flatcake.layout import KVLayout
+from sglang_flatcake.layout import KVLayout, SegmentGeometry
+from sglang_flatcake.read.planner import SegmentRead
+from sglang_flatcake.read.scatter import cuda_launcher, prepare
 from sglang_flatcake.placement import WriteSignals
 from sglang_flatcake.sglang import standin
 from sglang_flatcake.store import FlatCakeStore
@@ -45,7 +48,7 @@ def checksums(dev) -> dict:
         got = dev.download(ck.sums_on_device(dev, dev.upload(win), src, n))
         wrong += [n] if got.tolist() != want else []
     out = {"lengths": LENGTHS, "wrong_lengths": wrong, "ok": not wrong}
-    if dev is dv.CUDA:
+    if dev.name == "cuda":
         out["bandwidth"] = _checksum_bandwidth()
     return out
 
@@ -86,8 +89,9 @@ def _checksum_bandwidth() -> dict:
     return row
 
 
-def _store(root, lay) -> tuple[FlatCakeStore, list[str], np.ndarray]:
-    """24 blocks in 3 turns: turns 0 and 1 on SSD, the last 4 blocks in memory."""
+def _store(root, lay, memory_only=False) -> tuple[FlatCakeStore, list[str], np.ndarray]:
+    """24 blocks in 3 turns: turns 0 and 1 on SSD, the last 4 blocks in memory (or all of
+    them in memory)."""
     import hashlib
     cfg = FlatCakeConfig(memory_bytes=64 << 20, ssd_bytes=1 << 30, extent_bytes=4 << 20,
                          io_threads=4)
@@ -95,17 +99,19 @@ def _store(root, lay) -> tuple[FlatCakeStore, list[str], np.ndarray]:
     keys = [hashlib.sha256(f"k{i}".encode()).hexdigest() for i in range(24)]
     data = np.random.default_rng(7).integers(0, 256, (24, lay.block_bytes), dtype=np.uint8)
     for t, (a, b) in enumerate([(0, 10), (10, 20), (20, 24)]):
-        sig = WriteSignals(turn=t, prev_reply_tokens=10 if t == 2 else 10_000)
+        sig = WriteSignals(turn=t + memory_only,
+                           prev_reply_tokens=10 if t == 2 or memory_only else 10_000)
         st.put(keys[a:b], data[a:b], prefix_keys=keys[:a], signals=sig)
     return st, keys, data
 
 
 def _pool(dev, torch, lay, heads, dim, slots):
     shape = (slots, heads, dim)
-    if dev is dv.EMULATED:
-        mk = lambda: dv.emulated_view(np.zeros(shape, np.uint16))  # noqa: E731
+    if dev.name == "emulated":
+        mk = lambda: dv.emulated_view(np.zeros(shape, np.uint16), dev.index)  # noqa: E731
     elif torch is not None:
-        mk = lambda: torch.zeros(shape, dtype=torch.bfloat16, device="cuda")  # noqa: E731
+        mk = lambda: torch.zeros(shape, dtype=torch.bfloat16,  # noqa: E731
+                                 device=f"cuda:{dev.index}")
     else:
         import cupy
         mk = lambda: cupy.zeros(shape, cupy.uint16)  # noqa: E731
@@ -184,6 +190,50 @@ def restore_to_slots(dev, torch, workdir) -> dict:
     return out
 
 
+def on_device_thread(dev, fn, *args):
+    """Run ``fn`` on a new thread whose current device is ``dev`` (as SGLang's scheduler
+    of a rank on that device: set_device), and return its result."""
+    out = {}
+
+    def run():
+        dev.activate()
+        try:
+            out["r"] = fn(dev, *args)
+        except BaseException as e:  # handed to the caller's thread
+            out["e"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "e" in out:
+        raise out["e"]
+    return out["r"]
+
+
+def memory_only(dev, torch, workdir) -> dict:
+    """A restore whose every block is in memory (no window: the uploads and scatters run
+    on the current stream and the restore's final sync is the only wait)."""
+    lay, heads, dim = LAYOUTS["mha_bf16"]
+    root = tempfile.mkdtemp(prefix="memonly-", dir=workdir)
+    st, keys, data = _store(root, lay, memory_only=True)
+    try:
+        want = st.alloc_blocks(24)
+        assert st.get(keys, want).hits == 24
+        pages = (np.random.default_rng(4).permutation(40)[:24] + 1).astype(np.int64)
+        first = pages * lay.page_tokens
+        slots = (first[:, None] + np.arange(lay.page_tokens)).reshape(-1)
+        pools = _pool(dev, torch, lay, heads, dim, 41 * lay.page_tokens)
+        t = time.perf_counter()
+        r = st.restore_to_slots(keys, pools[0], pools[1], slots)
+        row = {"seconds": round(time.perf_counter() - t, 3), "hits": r.hits,
+               "from_memory": r.from_memory, "error": r.error,
+               "wrong_pieces": _wrong_pieces(lay, pools, first, want, r.hits)}
+        row["ok"] = r.hits == 24 and r.from_memory == 24 and row["wrong_pieces"] == 0
+        return row
+    finally:
+        st.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def direct_flow(dev, torch, workdir) -> dict:
     """allocate -> submit -> local_result -> finish, one flow of 24 pages past a prefix."""
     if torch is None:
@@ -193,9 +243,9 @@ def direct_flow(dev, torch, workdir) -> dict:
     lay, heads, dim = LAYOUTS["mha_bf16"]
     root = tempfile.mkdtemp(prefix="direct-", dir=workdir)
     st, keys, data = _store(root, lay)
-    on = "cuda" if dev is dv.CUDA else "cpu"
+    on = "cuda" if dev.name == "cuda" else "cpu"
     old = os.environ.get(dv.EMULATE_ENV)
-    if dev is dv.EMULATED:
+    if dev.name == "emulated":
         os.environ[dv.EMULATE_ENV] = "1"
     r = None
     try:
@@ -204,6 +254,10 @@ def direct_flow(dev, torch, workdir) -> dict:
         sched, pool, alloc, tree = standin.scheduler(
             torch, "mha", lay.layers, 40 * 16, heads, dim, torch.bfloat16, 16,
             on, prefix_tokens=16)
+        if on == "cuda":       # SGLang's forward stream: the restore fences on it
+            from types import SimpleNamespace
+            sched.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(
+                forward_stream=torch.cuda.current_stream()))
         r = DirectRestorer(sched, standin.backend(st))
         flow = Flow("gpu-check", "handle", list(range(16 + 24 * 16)), keys, 16,
                     20 * lay.block_bytes, 4 * lay.block_bytes)
@@ -232,3 +286,55 @@ def direct_flow(dev, torch, workdir) -> dict:
             os.environ.pop(dv.EMULATE_ENV, None)
         else:
             os.environ[dv.EMULATE_ENV] = old
+
+
+def bandwidth_emulated(dev) -> dict:
+    """The bandwidth part's calls on the emulated device (the numbers time host copies:
+    they prove the part runs, not how fast a GPU is)."""
+    lay = KVLayout.mha(1, 8, 128, "bfloat16", 64)
+    n = 146
+    nbytes = n * lay.block_layer_bytes
+    rng = np.random.default_rng(0)
+    s = dev.stream()
+    win = dev.upload(rng.integers(0, 256, nbytes, dtype=np.uint8), s)
+    src = np.arange(n, dtype=np.int64) * lay.block_layer_bytes
+    dst = ((rng.permutation(n) + 1) * 64).astype(np.int64)
+    kv = [dev.zeros((n + 1) * 64 * 8 * 128, np.uint16, s).reshape((n + 1) * 64, 8, 128)
+          for _ in range(2)]
+    scat = cuda_launcher(prepare(win, src, dst, kv, lay), s)
+    scat().synchronize()                  # the host twin compiles on the first call
+    t = time.perf_counter()
+    for _ in range(3):
+        scat().synchronize()
+    dt = (time.perf_counter() - t) / 3
+    return {"emulated": True, "bytes": nbytes, "scatter_gb_s": round(nbytes / dt / 1e9, 2)}
+
+
+def write_session(path: str, lay: KVLayout, turns: int, n_blocks: int):
+    """A layer-major session file of ``turns`` segments; the reads wanting every block,
+    with the checksums a store would have written."""
+    import xxhash
+    geos = [SegmentGeometry(lay, n_blocks // turns + (t < n_blocks % turns), 4096)
+            for t in range(turns)]
+    pool = np.random.default_rng(1).integers(0, 256, 96 << 20, dtype=np.uint8)
+    reads, off, pos, chunk = [], 0, 0, 0
+    with open(path, "wb") as f:
+        for g in geos:
+            left = g.total_bytes
+            while left:                      # 32 MiB chunks from shifting places of the pool
+                k, start = min(left, 32 << 20), (chunk * 7919 * 4096) % (64 << 20)
+                f.write(memoryview(pool[start:start + k]))
+                left, chunk = left - k, chunk + 1
+            idx = np.arange(g.n_blocks)
+            reads.append(SegmentRead(path, off, g, idx, idx + pos,
+                                     np.zeros((lay.layers, g.n_blocks), np.uint64)))
+            off, pos = off + g.total_bytes, pos + g.n_blocks
+        f.flush()
+        os.fsync(f.fileno())
+    data = np.memmap(path, np.uint8, "r")       # the checksums a store would have written
+    for r in reads:
+        for layer in range(lay.layers):
+            for i in range(r.geometry.n_blocks):
+                o = r.offset + r.geometry.block_offset(layer, i)
+                r.checksums[layer, i] = xxhash.xxh3_64_intdigest(data[o:o + lay.block_layer_bytes])
+    return reads, off

@@ -167,6 +167,66 @@ __device__ u64 fc_xxh3_long(const u8* in, long long n, int t) {
     return fc_avalanche(h);
 }
 
+// The same, bandwidth-bound, for a piece whose start is 16-byte aligned (decided once per
+// piece, so warp-uniform): thread t owns the lane pair (2p, 2p+1), p = t & 3, of stripes g and
+// g + 8 of every block, g = t >> 2, and reads each as one 16-byte load; the next block's two
+// loads are issued before this block's arithmetic (prefetch).  Eight threads share a pair:
+// their partial sums meet by three shuffles before the scramble.
+__device__ __forceinline__ u64 fc_pair_sum(u64 v) {
+    v += __shfl_xor_sync(FC_FULL, v, 4);
+    v += __shfl_xor_sync(FC_FULL, v, 8);
+    return v + __shfl_xor_sync(FC_FULL, v, 16);
+}
+__device__ __forceinline__ u64 fc_mul32(u64 k) { return (k & 0xffffffffULL) * (k >> 32); }
+
+__device__ u64 fc_xxh3_long16(const u8* in, long long n, int t) {
+    const int p = t & 3, g = t >> 2;
+    const u64 init[8] = {FC_P32_3, FC_P64_1, FC_P64_2, FC_P64_3, FC_P64_4, FC_P32_2, FC_P64_5,
+                         FC_P32_1};
+    u64 acc0 = init[2 * p], acc1 = init[2 * p + 1];
+    const u64 ka0 = fc_bytes64(fc_secret + 8 * g + 16 * p), ka1 = fc_bytes64(fc_secret + 8 * g + 16 * p + 8);
+    const u64 kb0 = fc_bytes64(fc_secret + 8 * (g + 8) + 16 * p);
+    const u64 kb1 = fc_bytes64(fc_secret + 8 * (g + 8) + 16 * p + 8);
+    const u64 sc0 = fc_bytes64(fc_secret + 128 + 16 * p), sc1 = fc_bytes64(fc_secret + 136 + 16 * p);
+    const ulonglong2* v = (const ulonglong2*)in;      // stripe s of block b: v[64 b + 4 s + p]
+    const long long blocks = (n - 1) / 1024;
+    ulonglong2 x = {0, 0}, y = {0, 0};
+    if (blocks > 0) { x = v[4 * g + p]; y = v[4 * (g + 8) + p]; }
+    for (long long b = 0; b < blocks; ++b) {
+        ulonglong2 nx = {0, 0}, ny = {0, 0};
+        if (b + 1 < blocks) { nx = v[64 * (b + 1) + 4 * g + p]; ny = v[64 * (b + 1) + 4 * (g + 8) + p]; }
+        const u64 s0 = fc_mul32(x.x ^ ka0) + x.y + fc_mul32(y.x ^ kb0) + y.y;
+        const u64 s1 = fc_mul32(x.y ^ ka1) + x.x + fc_mul32(y.y ^ kb1) + y.x;
+        acc0 += fc_pair_sum(s0); acc1 += fc_pair_sum(s1);
+        acc0 ^= acc0 >> 47; acc0 ^= sc0; acc0 *= FC_P32_1;
+        acc1 ^= acc1 >> 47; acc1 ^= sc1; acc1 *= FC_P32_1;
+        x = nx; y = ny;
+    }
+    const long long stripes = ((n - 1) - 1024 * blocks) / 64;
+    u64 s0 = 0, s1 = 0;
+    if (g < stripes) {
+        x = v[64 * blocks + 4 * g + p];
+        s0 += fc_mul32(x.x ^ ka0) + x.y; s1 += fc_mul32(x.y ^ ka1) + x.x;
+    }
+    if (g + 8 < stripes) {
+        y = v[64 * blocks + 4 * (g + 8) + p];
+        s0 += fc_mul32(y.x ^ kb0) + y.y; s1 += fc_mul32(y.y ^ kb1) + y.x;
+    }
+    if (g == 0) {                                      // the last stripe: any alignment
+        const u8* last = in + n - 64 + 16 * p;
+        const u64 d0 = fc_read64(last), d1 = fc_read64(last + 8);
+        s0 += fc_mul32(d0 ^ fc_bytes64(fc_secret + 121 + 16 * p)) + d1;
+        s1 += fc_mul32(d1 ^ fc_bytes64(fc_secret + 129 + 16 * p)) + d0;
+    }
+    acc0 += fc_pair_sum(s0); acc1 += fc_pair_sum(s1);
+    u64 h = (u64)n * FC_P64_1;
+    for (int k = 0; k < 4; ++k) {
+        const u64 a0 = __shfl_sync(FC_FULL, acc0, k), a1 = __shfl_sync(FC_FULL, acc1, k);
+        h += fc_fold(a0 ^ fc_bytes64(fc_secret + 11 + 16 * k), a1 ^ fc_bytes64(fc_secret + 19 + 16 * k));
+    }
+    return fc_avalanche(h);
+}
+
 extern "C" __global__ void flatcake_xxh3_64(const u8* __restrict__ window,
                                             const long long* __restrict__ src,
                                             long long n_pieces, long long piece_bytes,
@@ -177,8 +237,10 @@ extern "C" __global__ void flatcake_xxh3_64(const u8* __restrict__ window,
     for (long long p = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; p < n_pieces;
          p += warps) {
         const u8* in = window + src[p];
-        const u64 h = piece_bytes > 240 ? fc_xxh3_long(in, piece_bytes, t)
-                                        : (t == 0 ? fc_xxh3_short(in, piece_bytes) : 0);
+        const bool aligned = ((unsigned long long)in & 15) == 0;     // warp-uniform
+        const u64 h = piece_bytes <= 240 ? (t == 0 ? fc_xxh3_short(in, piece_bytes) : 0)
+                    : aligned ? fc_xxh3_long16(in, piece_bytes, t)
+                              : fc_xxh3_long(in, piece_bytes, t);
         if (t == 0) {
             if (sums) sums[p] = h;
             if (ok) ok[p] = h == expect[p] ? 1 : 0;

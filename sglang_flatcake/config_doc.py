@@ -1,7 +1,7 @@
 """docs/configuration.md, generated from the settings' fields (``help``, ``allowed``, default).
 
 ``python -m sglang_flatcake.config --markdown > docs/configuration.md`` writes it;
-tests/test_config_doc.py fails when the page and the fields disagree.
+tests/store/test_config_doc.py fails when the page and the fields disagree.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def markdown() -> str:
         "# Configuration",
         "",
         "<!-- Generated from the fields in sglang_flatcake/config_groups.py; do not edit. "
-        f"Regenerate: {REGENERATE} (tests/test_config_doc.py fails when they disagree). -->",
+        f"Regenerate: {REGENERATE} (tests/store/test_config_doc.py fails when they disagree). -->",
         "",
         "Every setting is one field of `FlatCakeConfig` (`sglang_flatcake/config.py`): one "
         "frozen config, composed of a part per consumer. Set one",

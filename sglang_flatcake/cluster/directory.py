@@ -49,7 +49,7 @@ class Lookup:
 
 
 class Directory(abc.ABC):
-    """Contract every directory implementation meets (tests/test_cluster_directory.py)."""
+    """Contract every directory implementation meets (tests/cluster/test_cluster_directory.py)."""
 
     @abc.abstractmethod
     def join(self, node: int, endpoint: str) -> None:

@@ -14,6 +14,7 @@ them (``threads``, ``task_size``) for every kvikio user in the process.
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import threading
 from typing import Callable, Sequence
@@ -85,8 +86,11 @@ class KvikioEngine(IOEngine):
         """
         super().__init__(alignment)
         try:
-            self._kv = kvikio_module or __import__("kvikio")
-            self._xp = array_module or __import__("cupy")
+            self._kv = kvikio_module or importlib.import_module("kvikio")
+            # ``import kvikio`` does not load ``kvikio.defaults`` (kvikio 26.10)
+            self._defaults = (self._kv.defaults if kvikio_module is not None
+                              else importlib.import_module("kvikio.defaults"))
+            self._xp = array_module or importlib.import_module("cupy")
         except ImportError as e:
             raise IOEngineError(errno.ENOSYS, f"kvikio engine needs kvikio and cupy: {e}") from None
         settings = {"num_threads": threads, "task_size": task_size}
@@ -94,7 +98,7 @@ class KvikioEngine(IOEngine):
             if compat_mode.lower() not in ("on", "off", "auto"):
                 raise ValueError(f"compat_mode={compat_mode!r} is not allowed: on, off or auto")
             settings["compat_mode"] = getattr(self._kv.CompatMode, compat_mode.upper())
-        self._kv.defaults.set(settings)
+        self._defaults.set(settings)
         self.threads, self.task_size = threads, task_size
         self._files: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
@@ -202,10 +206,7 @@ class KvikioEngine(IOEngine):
             f.close()
 
     def stats(self) -> dict:
-        try:
-            compat = bool(self._kv.defaults.is_compat_mode_preferred())
-        except Exception:  # an older kvikio without the query
-            compat = True
+        compat = bool(self._defaults.is_compat_mode_preferred())
         return {"engine": self.name, "threads": self.threads, "task_size": self.task_size,
                 "direct": not compat, "gds": not compat, "buffered_files": 0, **self._stats}
 

@@ -50,11 +50,15 @@ def _launch(dev: dv.Device, window, src_offsets, piece_bytes: int, expect, sums,
     if len(src) == 0:
         return
     grid, block = launch_geometry(len(src))
-    dsrc = dev.upload(src, stream)
-    dexp = (dev.upload(np.ascontiguousarray(expect, np.uint64), stream) if ok is not None
-            else dv.NULL)
+    n = len(src)
+    if ok is None:
+        dsrc, dexp = dev.upload(src, stream), dv.NULL
+    else:               # one upload: offsets, then expected sums
+        both = dev.upload(np.concatenate([src, np.ascontiguousarray(expect, np.uint64).reshape(-1)
+                                          .view(np.int64)]), stream)
+        dsrc, dexp = both[:n], both[n:].view(np.uint64)
     dev.launch(KERNEL, FUNCTION, grid, block,
-               (window, dsrc, np.int64(len(src)), np.int64(piece_bytes), dexp,
+               (window, dsrc, np.int64(n), np.int64(piece_bytes), dexp,
                 dv.NULL if sums is None else sums, dv.NULL if ok is None else ok), stream)
 
 
@@ -70,7 +74,7 @@ def verify_on_device(dev: dv.Device, window, src_offsets, expect, piece_bytes: i
 
 def sums_on_device(dev: dv.Device, window, src_offsets, piece_bytes: int, stream=None):
     """The XXH3-64 of every piece, computed on the device (a device uint64 array)."""
-    sums = dev.empty(8 * len(src_offsets), np.uint64)
+    sums = dev.zeros(len(src_offsets), np.uint64, stream)
     _launch(dev, window, src_offsets, piece_bytes, None, sums, None, stream)
     return sums
 

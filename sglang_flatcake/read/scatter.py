@@ -142,7 +142,7 @@ def prepare(window, src_offsets, dst_slots, dests: Sequence, layout: KVLayout,
 
 
 def _where(dev) -> str:
-    return "host" if dev is None else dev.name
+    return "host" if dev is None else f"{dev.name} device {dev.index}"
 
 
 def launch_geometry(n_units: int, part_words: int, threads: int = 256,
@@ -276,7 +276,8 @@ def device_launcher(ln: Launch, stream=None, mask=None):
         raise ValueError(f"mask holds {len(mask)} flags for {len(ln.src)} pieces")
     part_words, n_units = ln.part_bytes // w, len(ln.src) * ln.parts
     grid, block = launch_geometry(n_units, part_words)
-    src, dst = dev.upload(ln.src // w, stream), dev.upload(ln.dst, stream)
+    both = dev.upload(np.concatenate([ln.src // w, ln.dst]), stream)     # one upload
+    src, dst = both[:len(ln.src)], both[len(ln.src):]
     args = (ln.window, src, dst, ln.dests[0], ln.dests[-1], np.int64(n_units),
             np.int32(ln.parts), np.int64(part_words), np.int64(ln.row_bytes // w),
             dv.NULL if mask is None else mask)

@@ -19,10 +19,12 @@ import numpy as np
 from . import device as dv
 from ..errors import IOEngineError
 from .read_lease import open_lease
+from ..tiers.memory import pinned_or_plain
 from .scatter import scatter_layer, warm_up
 from .window import LayerWindow, RestoreStats
 
 MEMORY_CHUNK_BYTES = 64 << 20      # host arena -> device upload, per chunk
+STAGING_BUFFERS = 2                # chunks in flight (staging memory held: two chunks)
 
 
 @dataclass(frozen=True)
@@ -68,26 +70,40 @@ def _memory_to_slots(lease, lay, dests, first_slot, dev, stream) -> list:
 
 def blocks_to_slots(buf, src_blocks, dest_pages, lay, dests, first_slot, dev, stream) -> list:
     """Scatter host blocks ``buf`` (flat uint8, whole blocks) numbers ``src_blocks`` into the
-    pages ``first_slot[dest_pages]`` of ``dests``; on a device, upload them first, in chunks
-    (returns the uploads and launches that must outlive the scatters: synchronise ``stream``
-    before dropping them)."""
+    pages ``first_slot[dest_pages]`` of ``dests``.
+
+    On a device the blocks go up in chunks of ``MEMORY_CHUNK_BYTES`` through
+    ``STAGING_BUFFERS`` rotating staging buffers (pinned host memory on CUDA, then device
+    memory), so device memory held is two chunks, not the restore's memory-tier bytes; a
+    staging buffer is refilled only once the upload and scatters out of it ended.  Returns
+    the staging buffers: keep them until ``stream`` is synchronised."""
     s_i, d_i = np.asarray(src_blocks, np.int64), np.asarray(dest_pages, np.int64)
     if dev is None:
         for layer in range(lay.layers):
             scatter_layer(buf, s_i * lay.block_bytes + layer * lay.block_layer_bytes,
                           first_slot[d_i], [d[layer] for d in dests], lay)
         return []
-    keep = []
-    per = max(1, MEMORY_CHUNK_BYTES // lay.block_bytes)
-    for a in range(0, len(d_i), per):
-        up = dev.upload(buf.reshape(-1, lay.block_bytes)[s_i[a:a + per]].reshape(-1), stream)
-        src = np.arange(len(s_i[a:a + per]), dtype=np.int64) * lay.block_bytes
+    bb = lay.block_bytes
+    per = max(1, min(len(d_i), MEMORY_CHUNK_BYTES // bb))
+    chunks = range(0, len(d_i), per)
+    n = min(STAGING_BUFFERS, len(chunks))
+    host = [pinned_or_plain(per * bb, cuda=dev.name == "cuda")[:2] for _ in range(n)]
+    up = [dev.empty(per * bb) for _ in range(n)]
+    free: list = [None] * n                # the event after each staging buffer's last use
+    for c, a in enumerate(chunks):
+        j, rows = c % n, s_i[a:a + per]
+        if free[j] is not None:
+            free[j].synchronize()          # fence: staging reuse
+        stage = host[j][0][:len(rows) * bb].reshape(len(rows), bb)
+        np.take(buf.reshape(-1, bb), rows, axis=0, out=stage)
+        dev.upload_into(up[j][:stage.size], stage.reshape(-1), stream)
+        src = np.arange(len(rows), dtype=np.int64) * bb
         for layer in range(lay.layers):
-            keep.append(scatter_layer(up, src + layer * lay.block_layer_bytes,
-                                      first_slot[d_i[a:a + per]], [d[layer] for d in dests],
-                                      lay, stream=stream))
-        keep.append(up)
-    return keep
+            scatter_layer(up[j][:stage.size], src + layer * lay.block_layer_bytes,
+                          first_slot[d_i[a:a + per]], [d[layer] for d in dests], lay,
+                          stream=stream)
+        free[j] = dev.record(stream)
+    return [host, up]
 
 
 def restore_through_window(store, keys: Sequence[str], dest_k, dest_v, slot_indices,
@@ -144,8 +160,10 @@ def restore_through_window(store, keys: Sequence[str], dest_k, dest_v, slot_indi
                     return WindowRestore(0, 0, 0, 0, str(e), None)
         finally:
             if dev is not None:
-                dev.record(stream).synchronize()      # every upload and scatter has ended
-            keep.clear()                              # uploads may be freed now
+                dev.record(stream).synchronize()      # fence: every upload and scatter ended
+            keep.clear()                              # staging may be freed now
+            if dev is not None:
+                dev.free_cache()                      # and goes back to the device
             if own is not None:
                 own.close()
                 if dev is not None:

@@ -12,8 +12,11 @@ error every read and scatter in flight is still waited for before ``restore``
 raises, so no buffer is touched after it returns.  ``order="file"`` packs the
 commands in file order instead (a restore nothing consumes layer by layer).
 
-Each command is checked and scattered as soon as it lands, so the scatter of a
-layer overlaps its own later reads as well as the next layer's.  Buffer
+The stages of one restore (issue, land, verify, scatter, release) are in
+``window_run.py``.  In a host window each command is checked and scattered as soon as
+it lands, so the scatter of a layer overlaps its own later reads as well as the next
+layer's; a device window checks a whole fill with one launch and scatters it with one
+launch per layer run.  Buffer
 ownership: the window's; lent to the engine from ``submit`` until the
 command's handle is waited for, then to ``scatter_fn`` until it returns (host),
 until its job ends (``workers``), or until the event it returns has completed
@@ -24,22 +27,19 @@ free once the last event of its fill has completed.
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
-import numpy as np
-
-from . import checksum
 from . import device as dv
 from ..io.base import IOEngine
 from ..layout import align_up
 from .fills import plan_fills
 from .planner import ReadPlan
+from .window_run import WindowRun
+
+__all__ = ["LayerWindow", "LayerTiming", "RestoreStats", "ScatterFn", "plan_fills"]
 
 ScatterFn = Callable[..., object]
 """``scatter_fn(layer, window, src_offsets, dest_blocks[, mask]) -> None | event``: copy
@@ -48,8 +48,6 @@ every piece (byte offset ``src_offsets[i]`` of ``window``) into request block
 still be running.  A verified device window passes ``mask``: a device uint8 flag per
 piece, 0 for a piece whose checksum failed (not to be copied)."""
 
-log = logging.getLogger("sglang_flatcake")
-WAIT_THRESHOLD_S = 20e-6   # a read wait longer than this counts in ``read_waits``
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,17 @@ class LayerWindow:
             for b in self.buffers:
                 b[:] = 0
         self.stream = None if self.dev is None else self.dev.stream()
+        if self.dev is not None:
+            self.dev.compile()          # both kernels now, not inside the first restore
         self.pool = ThreadPoolExecutor(workers, "flatcake-scatter") if workers else None
+
+    def after(self, event) -> None:
+        """The window's later device work (uploads, checksums, scatters) waits for ``event``
+        (e.g. SGLang's forward pass, still writing slots a restore is about to fill);
+        the host does not wait."""
+        if self.dev is None:
+            raise ValueError("a host window has no stream to order")
+        self.dev.wait(self.stream, event)
 
     def close(self) -> None:
         """Stop the worker threads and the device stream (the buffers go with the window)."""
@@ -140,184 +148,17 @@ class LayerWindow:
         ``corrupt``.  An I/O error or an exception from ``scatter_fn`` propagates
         after all reads and scatters end.
         """
-        fills = plan_fills(plan, self.capacity, self.engine.alignment, order)
-        dev, on_device = self.dev, verify and self.dev is not None
-        bases = np.cumsum([0] + [len(f.piece_src) for f in fills])
-        flags = dev.empty(max(1, int(bases[-1]))) if on_device else None
         t_start = time.perf_counter()
-        inflight: deque = deque()                      # (fill index, buffer, handles)
-        events: list = [None] * self.depth
-        acc = {"rw": 0, "rws": 0.0, "bw": 0, "bws": 0.0, "sc": 0.0}
-        per_layer = {lay: [0, 0, 0, 0.0, 0.0] for f in fills for lay in f.layers}
-        corrupt: list[np.ndarray] = []
-        lock = threading.Lock()
-
-        def land(k: int, buf, i: int):
-            """Check and scatter the pieces of command ``i`` of fill ``k`` (any thread)."""
-            f = fills[k]
-            sel = slice(f.bounds[i], f.bounds[i + 1])
-            src, dest = f.piece_src[sel], f.piece_dest[sel]
-            t = time.perf_counter()
-            if on_device:
-                mask = flags[bases[k] + sel.start:bases[k] + sel.stop]
-                checksum.verify_on_device(dev, buf, src, f.piece_checksum[sel],
-                                          plan.piece_bytes, mask, self.stream)
-                checked = dev.record(self.stream)
-                ev = scatter_fn(f.layers[i], buf[:f.nbytes], src, dest, mask)
-                ev = checked if ev is None else ev
-            else:
-                if verify:
-                    ok = checksum.verify_host(buf, src, f.piece_checksum[sel], plan.piece_bytes)
-                    if not ok.all():
-                        corrupt.append(dest[~ok])
-                        src, dest = src[ok], dest[ok]
-                t = time.perf_counter()
-                ev = scatter_fn(f.layers[i], buf[:f.nbytes], src, dest)
-            dt = time.perf_counter() - t
-            with lock:
-                per_layer[f.layers[i]][4] += dt
-                acc["sc"] += dt
-            return ev
-
-        def issue(k: int, b: int) -> None:
-            ev = events[b]
-            if ev is not None:                     # the scatters that used buffer b must end
-                t = time.perf_counter()
-                if _done(ev) is not True:
-                    acc["bw"] += 1
-                ev.synchronize()
-                acc["bws"] += time.perf_counter() - t
-                events[b] = None
-            f, buf = fills[k], self.buffers[b]
-            targets = [buf[o:o + c.length] for c, o in zip(f.commands, f.offsets)]
-            inflight.append((k, b, self.engine.submit(f.commands, targets)))
-
-        pending: deque = deque()        # (fill, buffer): fills waiting for their buffer
-
-        def pump(block: bool) -> None:
-            """Issue waiting fills whose buffer is free; with ``block``, wait for the first.
-            An event that cannot be polled (no ``done``) is waited for at once."""
-            while pending:
-                k, b = pending[0]
-                if not block and events[b] is not None and _done(events[b]) is False:
-                    return
-                pending.popleft()
-                issue(k, b)
-                block = False
-
-        cur: list = []          # the fill being landed: handles not yet waited for, events
-        try:
-            for k in range(min(self.depth, len(fills))):
-                issue(k, k)
-            while inflight or pending:
-                if not inflight:
-                    pump(block=True)
-                    continue
-                k, b, handles = inflight.popleft()
-                f, buf = fills[k], self.buffers[b]
-                cur = [list(handles), []]
-                for i in range(len(handles)):
-                    pump(block=False)
-                    t = time.perf_counter()
-                    cur[0].pop(0).wait()
-                    waited = time.perf_counter() - t
-                    acc["rw"] += waited > WAIT_THRESHOLD_S
-                    acc["rws"] += waited
-                    lt = per_layer[f.layers[i]]
-                    lt[1] += 1
-                    lt[2] += f.commands[i].length
-                    lt[3] += waited
-                    ev = (_Done(self.pool.submit(land, k, buf, i)) if self.pool is not None
-                          else land(k, buf, i))
-                    if ev is not None:
-                        cur[1].append(ev)
-                events[b] = _Events(cur[1]) if cur[1] else None
-                cur = []
-                for lay in set(f.layers):
-                    per_layer[lay][0] += 1
-                if k + self.depth < len(fills):
-                    pending.append((k + self.depth, b))
-                pump(block=False)
-            for b, ev in enumerate(events):
-                if ev is not None:
-                    events[b] = None
-                    ev.synchronize()
-            if on_device and bases[-1]:
-                dests = np.concatenate([f.piece_dest for f in fills])
-                corrupt.append(dests[dev.download(flags[:bases[-1]], self.stream) == 0])
-        except BaseException:
-            # never leave a read or a scatter running on our buffers; the first error is raised
-            for handles in ([cur[0]] if cur else []) + [h for _, _, h in inflight]:
-                try:
-                    _wait_all(handles)
-                except Exception as e:      # the first error is the one raised
-                    log.debug("flatcake: another read in flight failed too: %s", e)
-            for ev in (cur[1] if cur else []) + [e for e in events if e is not None]:
-                try:
-                    ev.synchronize()
-                except Exception as e:
-                    log.debug("flatcake: another scatter in flight failed too: %s", e)
-            raise
+        run = WindowRun(self, plan, scatter_fn, verify, order)
+        tally = run.run()
+        fills = run.fills
         return RestoreStats(
-            layers=len(per_layer), fills=len(fills), commands=sum(len(f.commands) for f in fills),
+            layers=len(tally.per_layer), fills=len(fills),
+            commands=sum(len(f.commands) for f in fills),
             bytes_read=sum(c.length for f in fills for c in f.commands),
-            pieces=sum(len(f.piece_src) for f in fills), read_waits=acc["rw"],
-            read_wait_s=acc["rws"], buffer_waits=acc["bw"], buffer_wait_s=acc["bws"],
-            scatter_s=acc["sc"], total_s=time.perf_counter() - t_start, verified=verify,
-            corrupt=tuple(sorted({int(x) for c in corrupt for x in c})),
-            per_layer=tuple(LayerTiming(lay, *v) for lay, v in sorted(per_layer.items())))
-
-
-def _wait_all(handles: Sequence) -> None:
-    """Wait for every handle, then raise the first error (buffers stay ours until all end)."""
-    first = None
-    for h in handles:
-        try:
-            h.wait()
-        except Exception as e:
-            first = first or e
-    if first is not None:
-        raise first
-
-
-def _done(ev) -> bool | None:
-    """Whether ``ev`` has completed; ``None`` when it cannot be polled."""
-    d = getattr(ev, "done", None)
-    if d is None:
-        return None
-    r = d() if callable(d) else d                  # futures: a method; cupy events: a property
-    return None if r is None else bool(r)
-
-
-class _Done:
-    """A check-and-scatter job on a worker, as an event: ``synchronize`` waits, re-raises."""
-
-    def __init__(self, future) -> None:
-        self.future = future
-
-    def done(self) -> bool | None:
-        if not self.future.done():
-            return False
-        ev = self.future.result() if self.future.exception() is None else None
-        return True if ev is None else _done(ev)
-
-    def synchronize(self) -> None:
-        ev = self.future.result()        # a job's own event (a device scatter), if any
-        if ev is not None:
-            ev.synchronize()
-
-
-class _Events:
-    """The scatter events of one fill: the buffer is free when all have completed."""
-
-    def __init__(self, events: list) -> None:
-        self.events = events
-
-    def done(self) -> bool | None:
-        states = [_done(e) for e in self.events]
-        return None if None in states else all(states)
-
-    def synchronize(self) -> None:
-        for e in self.events:
-            e.synchronize()
-
+            pieces=sum(len(f.piece_src) for f in fills), read_waits=tally.read_waits,
+            read_wait_s=tally.read_wait_s, buffer_waits=tally.buffer_waits,
+            buffer_wait_s=tally.buffer_wait_s, scatter_s=tally.scatter_s,
+            total_s=time.perf_counter() - t_start, verified=verify,
+            corrupt=tuple(sorted({int(x) for c in tally.corrupt for x in c})),
+            per_layer=tuple(LayerTiming(lay, *v) for lay, v in sorted(tally.per_layer.items())))

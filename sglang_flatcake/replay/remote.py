@@ -8,7 +8,7 @@ from ..errors import ConfigError
 from .sizes import GIB
 
 # benchmarks/results/remote_restore.json (a 256 MiB session restored from another process
-# over Mooncake's Transfer Engine on TCP loopback; tests/test_replay_cluster.py keeps these
+# over Mooncake's Transfer Engine on TCP loopback; tests/replay/test_replay_cluster.py keeps these
 # equal to that file): the median restore and its first grant (the per-request round trip)
 MEASURED_SESSION_BYTES = 268435456
 MEASURED_REMOTE_S = 0.6190729620002458

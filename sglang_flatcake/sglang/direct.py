@@ -108,9 +108,11 @@ class DirectRestorer:
         self.window = None
         self.device = dv.device_of(self.dest_k[0])
         if self.device is None and dv.emulation_wanted():
-            self.device = dv.EMULATED          # the CPU pool, served as device memory
-            self.dest_k = [dv.emulated_view(t) for t in self.dest_k]
-            self.dest_v = None if self.dest_v is None else [dv.emulated_view(t)
+            # the CPU pool, served as memory of the scheduler thread's emulated device
+            self.device = dv.EMULATED_DEVICES[dv.EMULATED.current_index()]
+            i = self.device.index
+            self.dest_k = [dv.emulated_view(t, i) for t in self.dest_k]
+            self.dest_v = None if self.dest_v is None else [dv.emulated_view(t, i)
                                                             for t in self.dest_v]
         if self.device is not None:
             # SSD bytes land in a device window (kvikio), are verified and scattered there
@@ -121,7 +123,9 @@ class DirectRestorer:
                                       device=self.device.name)
         log.info("flatcake: direct restores into %s memory",
                  "host" if self.device is None else self.device.name)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-restore")
+        # SGLang sets the device per process (set_device); a new thread starts on device 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-restore",
+                                       initializer=self._on_worker)
         from ..read.scatter import warm_up
         self.pool.submit(warm_up)              # compile the CPU scatter before the first restore
         self.delay = float(os.environ.get(DELAY_ENV, "0") or 0)
@@ -129,6 +133,21 @@ class DirectRestorer:
             log.warning("flatcake: %s=%s slows every SSD restore (a test hook)", DELAY_ENV,
                         self.delay)
         self.backend.direct_counters = self.counters
+
+    def _on_worker(self) -> None:
+        """The restore worker's first act: make the pool's device current."""
+        if self.device is not None:
+            self.device.activate()                      # fence: the worker's device
+
+    def forward_fence(self):
+        """An event after everything SGLang's forward pass has enqueued so far (on CUDA its
+        model runner's forward stream, as SGLang's own loader fences; emulated: the
+        scheduler thread's current stream); ``None`` for a host pool."""
+        if self.device is None:
+            return None
+        if self.device.name == "cuda":
+            return self.device.forward_event(self.scheduler.tp_worker.model_runner.forward_stream)
+        return self.device.forward_event()
 
     @staticmethod
     def supported(scheduler) -> str | None:
@@ -243,12 +262,15 @@ class DirectRestorer:
         store = self.backend.store
         slots = flow.slots.cpu().numpy() if hasattr(flow.slots, "cpu") else np.asarray(flow.slots)
         delay = self.delay * flow.ssd_bytes / (1 << 20)
+        fence = self.forward_fence()     # slots just allocated may still be written by it
 
         def work():
             t0 = time.monotonic()
             if delay:
                 time.sleep(delay)
             try:
+                if fence is not None:
+                    self.window.after(fence)            # fence: SGLang's forward stream
                 if flow.remote is not None:
                     from ..cluster.to_slots import restore_with_remote
                     return restore_with_remote(store, self.backend.cluster, flow.keys,

@@ -4,7 +4,7 @@ A *reach-in* is an attribute access ``x._name`` (single leading underscore, not 
 dunder) where ``x`` is not ``self``, ``cls`` or ``super()``: code using a member its
 owner kept to itself.  The SGLang adapter (``sglang_flatcake/sglang/``) must use some of
 SGLang's privates; those are counted and listed on their own.  Run as a script
-(``python tests/test_private_reach.py``) it prints every reach-in.
+(``python tests/project/test_private_reach.py``) it prints every reach-in.
 """
 
 from __future__ import annotations

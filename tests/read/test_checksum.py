@@ -37,6 +37,7 @@ static flatcake_dim3 blockDim, gridDim;
 #define __constant__ static
 #define __forceinline__ inline
 #define __restrict__
+struct alignas(16) ulonglong2 { unsigned long long x, y; };
 static unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
@@ -88,9 +89,9 @@ def cu_on_cpu(tmp_path_factory):
                            "kernels/checksum.cu")
 
 
-def window_with_pieces(length: int, n: int, shift: int, seed: int = 0):
+def window_with_pieces(length: int, n: int, shift: int, seed: int = 0, stride=None):
     rng = np.random.default_rng(seed + length)
-    stride = length + 8
+    stride = stride or length + 8
     window = rng.integers(0, 256, shift + n * stride + 8, dtype=np.uint8)
     src = (shift + rng.permutation(n) * stride).astype(np.int64)
     want = np.array([xxhash.xxh3_64_intdigest(window[o:o + length]) for o in src], np.uint64)
@@ -110,10 +111,16 @@ def run_cu(lib, window, src, length, expect=None, grid=(2, 64)):
     return sums, ok
 
 
+@pytest.mark.parametrize("aligned", [False, True], ids=["any-alignment", "16-byte-aligned"])
 @pytest.mark.parametrize("length", LENGTHS)
-def test_cuda_source_computes_xxh3_64_on_cpu(cu_on_cpu, length):
+def test_cuda_source_computes_xxh3_64_on_cpu(cu_on_cpu, length, aligned):
+    """Both long paths: bytes at any alignment, and 16-byte loads for aligned pieces."""
     n = 5 if length <= 4096 else 2
-    window, src, want = window_with_pieces(length, n, shift=3)   # unaligned pieces
+    if aligned:   # the harness's window is 16-byte aligned (numpy allocations are)
+        window, src, want = window_with_pieces(length, n, 0, stride=-(-length // 16) * 16 + 16)
+        assert window.ctypes.data % 16 == 0 and not (src % 16).any()
+    else:
+        window, src, want = window_with_pieces(length, n, shift=3)
     sums, ok = run_cu(cu_on_cpu, window, src, length, want)
     assert sums.tolist() == want.tolist()
     assert ok.tolist() == [1] * n
@@ -182,3 +189,12 @@ def test_cupy_kernel_computes_xxh3_64(length):
     dev = dv.CUDA
     got = dev.download(ck.sums_on_device(dev, dev.upload(window), src, length))
     assert got.tolist() == want.tolist()
+
+
+def test_cuda_source_matches_xxhash_over_a_sweep_of_aligned_long_sizes(cu_on_cpu):
+    """The 16-byte path against the library over random sizes (partial blocks, partial
+    stripes, a last stripe straddling 16-byte words)."""
+    for length in np.random.default_rng(11).integers(241, 9000, 10).tolist():
+        window, src, want = window_with_pieces(length, 3, 0, stride=-(-length // 16) * 16 + 32)
+        sums, ok = run_cu(cu_on_cpu, window, src, length, want, grid=(1, 32))
+        assert sums.tolist() == want.tolist(), length

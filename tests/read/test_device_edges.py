@@ -16,6 +16,7 @@ import pytest
 
 from sglang_flatcake.read import checksum as ck
 from sglang_flatcake.read import device as dv
+from sglang_flatcake.read import device_base
 from sglang_flatcake.read import scatter as sc
 from sglang_flatcake.errors import IOEngineError
 from sglang_flatcake.layout import KVLayout
@@ -60,7 +61,7 @@ def test_emulated_stream_synchronize_waits_for_its_work():
 def test_kernel_sources_are_found_or_named_missing(monkeypatch, tmp_path):
     assert "flatcake_xxh3_64" in dv.kernel_source("checksum.cu")
     assert "flatcake_scatter_w16" in sc.kernel_source()
-    monkeypatch.setattr(dv, "KERNEL_DIRS", (tmp_path / "a", tmp_path / "b"))
+    monkeypatch.setattr(device_base, "KERNEL_DIRS", (tmp_path / "a", tmp_path / "b"))
     assert dv.kernel_path("scatter.cu") == tmp_path / "a" / "scatter.cu"
     with pytest.raises(RuntimeError, match="scatter.cu is missing"):
         dv.kernel_source("scatter.cu")
@@ -77,7 +78,7 @@ def test_scatter_refuses_bad_device_arguments():
         sc.scatter_layer(win, [0], [0], [torch.zeros(16, 2, 16, device="meta"), v], LAY)
     with pytest.raises(ValueError, match="not C-contiguous"):
         sc.scatter_layer(dv.emulated_view(win)[::2], [0], [0], [k, v], LAY)
-    with pytest.raises(TypeError, match="window is in emulated memory but dest"):
+    with pytest.raises(TypeError, match="window is in emulated device 0 memory but dest"):
         sc.scatter_layer(dv.emulated_view(win), [0], [0], [k, v], LAY)
     with pytest.raises(ValueError, match="mask is for device memory"):
         sc.scatter_layer(win, [0], [0], [k, v], LAY, mask=np.ones(1, np.uint8))

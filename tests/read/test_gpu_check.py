@@ -25,13 +25,34 @@ def report(tmp_path_factory):
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--emulate",
                         "--size-gib", "0.01", "--repeat", "1", "--dir", str(d),
-                        "--json", str(d / "out.json")],
+                        "--json", str(d / "out.json"), "--inject-failure", "correctness"],
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((d / "out.json").read_text())
     assert doc == json.loads(r.stdout.strip().splitlines()[-1])
     assert doc["read_path_device"] == "emulated", doc["read_path_device"]
+    for name in PARTS:     # each part reported as it ended, in order, the JSON saved after it
+        assert f"gpu_check: {name} done" in r.stderr, name
     return doc
+
+
+PARTS = ("environment", "correctness", "bandwidth", "checksums", "pipeline", "restore_to_slots",
+         "memory_only", "direct_flow", "device_1")
+
+
+def test_every_part_runs_on_the_emulated_device_and_a_failure_stays_in_its_part(report):
+    assert "injected" in report["correctness"]["error"]
+    for name in PARTS[2:]:
+        assert "error" not in report[name] and "skipped" not in report[name], (name, report[name])
+
+
+def test_memory_only_part_on_the_emulated_device(report):
+    r = report["memory_only"]
+    assert r["ok"] and r["from_memory"] == 24 and r["wrong_pieces"] == 0
+
+
+def test_device_1_part_runs_on_the_second_emulated_device(report):
+    assert report["device_1"]["ok"]
 
 
 def test_checksums_part_on_the_emulated_device(report):

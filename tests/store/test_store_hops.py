@@ -3,7 +3,7 @@
 ``trace(fn)`` records every call between two modules of the package while ``fn`` runs
 (``sys.setprofile``); a *climb* is a call into ``store.py`` made from another module of
 the package, i.e. a satellite calling back up into the facade that called it.  Run as a
-script (``python tests/test_store_hops.py``) it prints both hop lists (docs/store-core.md).
+script (``python tests/store/test_store_hops.py``) it prints both hop lists (docs/store-core.md).
 """
 
 from __future__ import annotations
