@@ -8,7 +8,7 @@ with keyword arguments or with ``FlatCakeConfig.from_mapping`` (strings such as 
 ``off`` accepted).  A bad value raises ``ConfigError``, one line naming the setting, the value
 and what is allowed; so does a size beyond this machine or the 48-bit block address.
 
-``python -m sglang_flatcake.config --markdown`` prints docs/configuration.md.
+``python -m sglang_flatcake.config_doc --markdown`` prints docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -155,23 +155,3 @@ class ModelledServerConfig(FlatCakeConfig):
 
 def _part(cls: type, whole: FlatCakeConfig) -> Any:
     return cls(**{f.name: getattr(whole, f.name) for f in fields(cls)})
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m sglang_flatcake.config --markdown``: print docs/configuration.md."""
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m sglang_flatcake.config",
-                                description="FlatCake's settings")
-    p.add_argument("--markdown", action="store_true",
-                   help="print the configuration reference (docs/configuration.md)")
-    a = p.parse_args(argv)
-    if not a.markdown:
-        p.print_help()
-        return 2
-    from .config_doc import markdown
-    print(markdown(), end="")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

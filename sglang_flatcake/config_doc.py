@@ -1,6 +1,6 @@
 """docs/configuration.md, generated from the settings' fields (``help``, ``allowed``, default).
 
-``python -m sglang_flatcake.config --markdown > docs/configuration.md`` writes it;
+``python -m sglang_flatcake.config_doc --markdown > docs/configuration.md`` writes it;
 tests/store/test_config_doc.py fails when the page and the fields disagree.
 """
 
@@ -16,7 +16,7 @@ from .errors import ConfigError
 
 TITLES = {"placement": "Placement", "media": "Media: memory, SSD, the store on disk",
           "io": "I/O: reading blocks", "sched": "Scheduling", "cluster": "Cluster"}
-REGENERATE = "python -m sglang_flatcake.config --markdown > docs/configuration.md"
+REGENERATE = "python -m sglang_flatcake.config_doc --markdown > docs/configuration.md"
 
 
 def flag(name: str) -> str:
@@ -95,3 +95,22 @@ def markdown() -> str:
                 "", _cell(inspect.getdoc(cls)), ""]
         out += _table(cls)
     return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sglang_flatcake.config_doc --markdown``: print docs/configuration.md."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m sglang_flatcake.config_doc",
+                                description="FlatCake's settings")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the configuration reference (docs/configuration.md)")
+    a = p.parse_args(argv)
+    if not a.markdown:
+        p.print_help()
+        return 2
+    print(markdown(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

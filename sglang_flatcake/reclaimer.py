@@ -10,13 +10,10 @@ medium and drops the victims from the session table.  It holds the store core's 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from .address import Medium
 from .tiers.reclaim import SessionUsage, choose_victims
 
-if TYPE_CHECKING:                      # the core makes its reclaimer
-    from .store_core import StoreCore
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -25,7 +22,7 @@ class Reclaimer:
     """``listeners`` are called with the freed session ids after every reclaim or clear
     that freed any (outside the lock; the cluster sweeps its directory entries there)."""
 
-    def __init__(self, core: "StoreCore") -> None:
+    def __init__(self, core) -> None:      # the store's StoreCore (which makes its reclaimer)
         self.core = core
         self.listeners: list = []
 

@@ -32,9 +32,9 @@ def test_the_page_has_one_row_per_setting_with_its_default_and_help():
 
 
 def test_the_module_main_prints_the_page():
-    out = subprocess.run([sys.executable, "-m", "sglang_flatcake.config", "--markdown"],
+    out = subprocess.run([sys.executable, "-m", "sglang_flatcake.config_doc", "--markdown"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout == markdown()
-    bare = subprocess.run([sys.executable, "-m", "sglang_flatcake.config"], cwd=ROOT,
+    bare = subprocess.run([sys.executable, "-m", "sglang_flatcake.config_doc"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert bare.returncode == 2 and "--markdown" in bare.stdout
