@@ -5,7 +5,7 @@ before it is ``opened()``.  A refused start raises before the store answers a ca
 the store's ``close()`` then releases what was taken.  Recovery rebuilds the session
 table and the index from what the SSD tier scans (session files or the region's
 checkpoint and journal); a session left with no segment is released, a torn header
-zeroed.
+zeroed.  ``existing`` (a store as its manifest records it) lives in ``store_existing``.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import tempfile
 from pathlib import Path
 
-from .config import FlatCakeConfig
 from .errors import FlatCakeError, LayoutMismatchError, UnsafeStoreError
-from .layout import KVLayout
 from .private_fs import open_file
 from .store_core import StoreCore
 from .recovery import (STORE_MANIFEST, atomic_write_json, check_store_manifest, read_json,
                        store_manifest)
 from .tiers.ssd_recovery import check_orphan_files
+from .store_existing import existing
+
+__all__ = ["take_lock", "check_manifest", "recover", "existing"]
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -100,22 +100,3 @@ def recover(core: StoreCore, root: Path, read_only: bool) -> dict:
     if rep:
         log.info("store %s recovered: %s", root, dict(rep))
     return dict(rep)
-
-
-def existing(root, config: FlatCakeConfig | None):
-    """``(root, layout, config, scratch)`` to open the store at ``root`` with the layout
-    its manifest records: a directory's ``flatcake.json``, or a region's superblock (then
-    ``root`` is a new scratch directory, ``scratch`` True)."""
-    base = config or FlatCakeConfig()
-    scratch = False
-    if Path(root).exists() and not Path(root).is_dir():
-        from .tiers.region_meta import read_region_manifest
-        m, region_bytes = read_region_manifest(root)
-        base = FlatCakeConfig(**{**base.to_dict(), "ssd_path": str(root),
-                                 "ssd_bytes": region_bytes})
-        root, scratch = tempfile.mkdtemp(prefix="flatcake-inspect-"), True
-    else:
-        m = read_json(Path(root) / STORE_MANIFEST)
-    if base.alignment != m.get("alignment"):
-        base = FlatCakeConfig(**{**base.to_dict(), "alignment": m["alignment"]})
-    return root, KVLayout.from_dict(m["layout"]), base, scratch

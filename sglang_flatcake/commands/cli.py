@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..errors import FlatCakeError
+from .demo_flags import split_server_flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +70,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     server_flags: list[str] = []
     if "demo" in argv:
-        argv, server_flags = _split_server_flags(argv)
+        argv, server_flags = split_server_flags(argv)
     args = p.parse_args(argv)
     if server_flags:
         args.server_args = list(args.server_args) + server_flags
@@ -104,26 +105,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"flatcake: error: {e}", file=sys.stderr)
         return 2
     return 1
-
-
-def _split_server_flags(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``flatcake demo --flatcake-x V``: the ``--flatcake-*`` flags (with their values) go to
-    the server, so SGLang itself validates them."""
-    keep, flags, i = [], [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--":
-            keep += argv[i:]
-            break
-        if a.startswith("--flatcake-"):
-            flags.append(a)
-            if "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                flags.append(argv[i + 1])
-                i += 1
-        else:
-            keep.append(a)
-        i += 1
-    return keep, flags
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Virtual time: an event loop and a disk shared by the jobs in flight.
+"""Virtual time: a disk shared by the jobs in flight, on the event loop of ``event_loop``.
 
 Nothing here reads the wall clock, so a replay's order of events, and with it
 every placement, eviction, cancellation and hit, depends only on the trace,
@@ -9,33 +9,13 @@ jobs that overlap in virtual time are in flight together on the real disk.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from dataclasses import dataclass
 from typing import Callable
 
+from .event_loop import EventLoop
 
-class EventLoop:
-    """Runs callbacks in (time, submission order); ``now`` is the current event's time."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._heap: list = []
-        self._seq = itertools.count()
-
-    def at(self, t: float, fn: Callable, *args) -> None:
-        """Run ``fn(*args)`` at virtual time ``t`` (never before ``now``)."""
-        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), fn, args))
-
-    def after(self, dt: float, fn: Callable, *args) -> None:
-        self.at(self.now + max(0.0, dt), fn, *args)
-
-    def run(self) -> None:
-        """Run until no event is left."""
-        while self._heap:
-            t, _, fn, args = heapq.heappop(self._heap)
-            self.now = t
-            fn(*args)
+__all__ = ["EventLoop", "SharedDisk"]
 
 
 @dataclass

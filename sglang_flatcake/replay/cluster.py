@@ -21,19 +21,16 @@ only its own store and recomputes the rest (today's behaviour).
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable
-
 from .clock import EventLoop
-from .cluster_directory import Directory
-from .cluster_node import ClusterCounters, ClusterNode, ClusterState
+from .cluster_node import ClusterNode
+from .cluster_open import open_nodes
 from .policy import Policy
 from .remote import MEASURED_FROM, MEASURED_GRANT_S, MEASURED_REMOTE_S, \
     MEASURED_SESSION_BYTES, RemoteModel
 from .replayer import Replayer
 from .router import ROUTINGS, Router, moved_turns
 from .sizes import GpuPreset
-from .systems.base import RequestState, SystemContext
+from .systems.base import RequestState
 from .traces import Request, Trace
 
 __all__ = ["MEASURED_FROM", "MEASURED_GRANT_S", "MEASURED_REMOTE_S", "MEASURED_SESSION_BYTES",
@@ -100,22 +97,3 @@ class ClusterReplay:
         states = {rid: s for lane in self.lanes for rid, s in lane.states.items()}
         reqs = self.trace.requests
         return [states[r.rid] for r in reqs], [self.node_of[r.rid] for r in reqs]
-
-
-def open_nodes(n: int, enabled: bool, remote: RemoteModel, make_ctx: Callable[[int, Path],
-               SystemContext], root: Path) -> tuple[list[ClusterNode], ClusterState]:
-    """``n`` opened nodes, node k's store under ``root/node{k}``; close each after."""
-    state = ClusterState(enabled, remote, Directory(), ClusterCounters(), [])
-    for k in range(n):
-        node = ClusterNode(k, state)
-        d = root / f"node{k}"
-        d.mkdir(parents=True)
-        try:
-            node.open(make_ctx(k, d))
-        except BaseException:
-            for m in state.nodes:
-                m.close()
-            raise
-        state.nodes.append(node)
-    return state.nodes, state
-

@@ -7,7 +7,7 @@ nor XPU is present, so nothing changes on a GPU; when torch cannot say,
 1. ``HostKVCache.__init__``: no memory pinning without an accelerator (pinning
    calls ``cudaHostRegister``).
 2. ``pool_host.mha`` / ``pool_host.mla``: the transfer ops SGLang binds only on
-   CUDA/HIP/XPU are bound to the torch-native equivalents below.
+   CUDA/HIP/XPU are bound to the torch-native equivalents of ``cpu_ops``.
 3. ``resolve_layout_io_compatibility``: on ``--device cpu`` the default
    ``kernel`` I/O backend resolves to ``direct`` (and so the default
    ``page_first`` layout to ``page_first_direct``).
@@ -16,12 +16,14 @@ nor XPU is present, so nothing changes on a GPU; when torch cannot say,
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+
+from .cpu_ops import (transfer_kv_all_layer_direct_lf_pf, transfer_kv_direct,
+                      transfer_kv_per_layer_direct_pf_lf)
 
 log = logging.getLogger("sglang_flatcake")
 
 _OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf",
-        "transfer_kv_all_layer_direct_lf_pf")
+        "transfer_kv_all_layer_direct_lf_pf")   # bound from this module's names (``cpu_ops``)
 
 
 class AcceleratorProbeError(RuntimeError):
@@ -39,43 +41,6 @@ def accelerator_present() -> bool:
     except (RuntimeError, AssertionError, OSError) as e:
         raise AcceleratorProbeError(f"cannot tell whether an accelerator is present "
                                     f"({type(e).__name__}: {e}); the CPU hooks stay off") from e
-
-
-# -- torch-native transfer ops (same signatures as sgl_kernel.kvcacheio) ----------
-
-def transfer_kv_direct(src_layers: Sequence, dst_layers: Sequence, src_indices, dst_indices,
-                       page_size: int) -> None:
-    """Token-indexed copy per layer buffer: ``dst[dst_indices] = src[src_indices]``."""
-    if len(src_layers) != len(dst_layers):
-        raise ValueError(f"transfer_kv_direct: {len(src_layers)} sources for {len(dst_layers)} "
-                         "destinations")
-    si, di = src_indices.long(), dst_indices.long()
-    for s, d in zip(src_layers, dst_layers):
-        d[di] = s[si].to(d.device)
-
-
-def transfer_kv_per_layer_direct_pf_lf(src_ptrs: Sequence, dst_ptrs: Sequence, src_indices,
-                                       dst_indices, layer_id: int, page_size: int) -> None:
-    """Host ``page_first_direct`` ``[page, layer, page_size, ...]`` -> device layer buffers."""
-    si, di = src_indices.long(), dst_indices.long()
-    page, off = si // page_size, si % page_size
-    for s, d in zip(src_ptrs, dst_ptrs):
-        d[di] = s[page, layer_id, off].to(d.device)
-
-
-def transfer_kv_all_layer_direct_lf_pf(src_ptrs: Sequence, dst_ptrs: Sequence, src_indices,
-                                       dst_indices, page_size: int) -> None:
-    """Device layer buffers (all K layers, then all V layers) -> host ``page_first_direct``."""
-    parts = len(dst_ptrs)
-    if parts == 0 or len(src_ptrs) % parts:
-        raise ValueError(f"transfer_kv_all_layer_direct_lf_pf: {len(src_ptrs)} layer buffers "
-                         f"for {parts} host buffers")
-    layers = len(src_ptrs) // parts
-    si, di = src_indices.long(), dst_indices.long()
-    page, off = di // page_size, di % page_size
-    for p, d in enumerate(dst_ptrs):
-        for layer in range(layers):
-            d[page, layer, off] = src_ptrs[p * layers + layer][si].to(d.device)
 
 
 # -- hooks -----------------------------------------------------------------------------
