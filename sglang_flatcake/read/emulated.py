@@ -152,7 +152,7 @@ class EmulatedDevice(Device):
         self.index, self.delay_s = index, delay_s
         self._lock = threading.Lock()
         self._modules: dict = {}
-        self._blocking: list[EmuStream] = []
+        self.blocking_streams: list[EmuStream] = []     # non_blocking=False: legacy waits on them
         self._last: dict[int, tuple] = {}        # id(root array) -> (root, stream, seq, future)
         self.ops = {"upload": 0, "launch": 0, "event": 0, "memset": 0, "alloc_bytes": 0}
         self.hazards = 0
@@ -223,7 +223,7 @@ class EmulatedDevice(Device):
                                f"{cur} is current (CUDA refuses this; activate the device)")
         self._touch(s, touches, None)
         dev = s.device
-        deps = ([b.last for b in dev._blocking if b.last is not None] if s.legacy else
+        deps = ([b.last for b in dev.blocking_streams if b.last is not None] if s.legacy else
                 [] if s.non_blocking or dev.legacy.last is None else [dev.legacy.last])
         if deps:
             s.submit(lambda: [f.result() for f in deps])
@@ -236,7 +236,7 @@ class EmulatedDevice(Device):
     def stream(self, non_blocking: bool = True):
         s = EmuStream(EMULATED_DEVICES[_current_emu()], non_blocking)
         if not non_blocking:
-            s.device._blocking.append(s)
+            s.device.blocking_streams.append(s)
         return s
 
     def empty(self, nbytes, dtype=np.uint8):
