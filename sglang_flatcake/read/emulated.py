@@ -160,8 +160,10 @@ class EmulatedDevice(Device):
 
     @property
     def tracked(self) -> int:
-        """Allocations whose last stream operation the hazard check remembers."""
+        """Allocations whose last stream operation the hazard check remembers and that
+        has not finished yet (finished entries are forgotten here too)."""
         with self._lock:
+            self._last = {k: v for k, v in self._last.items() if not v[3].done()}
             return len(self._last)
 
     def activate(self):

@@ -172,6 +172,8 @@ PRIVATE: tuple[Reach, ...] = (
     Reach("_page_get_zero_copy", "plugin:_attach_after",
           "SGLang selects the v1 calls from a hard-coded name list"),
     Reach("_page_set_zero_copy", "plugin:_attach_after", "as above"),
+    Reach("_backend", "signals:flatcake_backend",
+          "SGLang's HiCacheStorageFailureInjector wraps the backend and exposes no accessor"),
     Reach("_all_reduce", "write_once:WriteOnce.skip",
           "the tree's own TP/PP reduction, so every rank skips the same nodes"),
     Reach("_compute_max_prefix_len", "direct:DirectRestorer.lookup",

@@ -162,7 +162,11 @@ def flatcake_backend(controller):
     HiCache controller, or no backend attached)."""
     if controller is None or controller.storage_backend_type != "flatcake":
         return None
-    return controller.storage_backend
+    backend = controller.storage_backend
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageFailureInjector
+    if isinstance(backend, HiCacheStorageFailureInjector):   # SGLang's fault-injection wrapper
+        return backend._backend
+    return backend
 
 
 def _execute_backup_around(original, cache, action, *a, **kw):

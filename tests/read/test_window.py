@@ -357,3 +357,11 @@ def test_kvikio_reads_into_device_memory_and_scatters_there(tmp_path):
                 assert np.array_equal(vh[rows].reshape(-1), want[LAY.part_bytes:])
     finally:
         eng.close()
+
+
+def test_a_lease_without_a_core_records_once_and_counts_nothing():
+    from sglang_flatcake.read.read_lease import ReadLease
+    lease = ReadLease(0, None, [], [], [], set(), np.zeros((1, 8), np.uint8), 8, 4096, 0)
+    lease.record(None, 0)                     # no core: nothing to count, no error
+    with pytest.raises(RuntimeError, match="already recorded"):
+        lease.record(None, 0)

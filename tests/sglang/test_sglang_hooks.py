@@ -91,7 +91,7 @@ def test_every_private_reach_in_is_named_in_one_place():
               if h.target.rsplit(".", 1)[1].startswith("_")
               and not h.target.endswith("__init__")}
     assert found == {r.name for r in hooks.PRIVATE}
-    assert len(hooks.PRIVATE) <= 10
+    assert len(hooks.PRIVATE) <= 11     # + the failure injector's wrapped backend
 
 
 def test_every_getattr_with_a_default_is_listed_and_harmless():
