@@ -23,10 +23,12 @@ def test_flatcake_gauges_reach_the_servers_metrics(tmp_path):
     with ServerProcess(args, log_path=str(tmp_path / "s.log")) as s:
         s.post("/generate", {"input_ids": list(range(2, 2 + 4 * PAGE)),
                              "sampling_params": {"temperature": 0, "max_new_tokens": 2}})
-        def polled():            # SGLang polls get_stats on its own; each poll sets the gauges
-            m = prometheus(s, "flatcake_")
-            return m.get("flatcake_sessions", 0) >= 1 and m.get("flatcake_metrics_gauges", 0) > 0
-        wait_until(polled, 180, "flatcake_sessions >= 1 in /metrics")
+        def polled():            # SGLang polls get_stats on its own; each poll sets the gauges.
+            m = prometheus(s, "flatcake_")  # HiCache backs pages up in the background, so a poll
+            blocks = m.get("flatcake_blocks_ssd", 0) + m.get("flatcake_blocks_memory", 0)
+            return (m.get("flatcake_sessions", 0) >= 1 and m.get("flatcake_metrics_gauges", 0) > 0
+                    and blocks >= 4)     # may land between two of the four pages' writes
+        wait_until(polled, 180, "flatcake_sessions >= 1 and 4 blocks in /metrics")
         m = prometheus(s, "flatcake_")
         text = s.get("/metrics")
     assert m["flatcake_metrics_enabled"] == 1.0 and m["flatcake_metrics_export_errors"] == 0
