@@ -57,12 +57,8 @@ def ttft(server, prompt) -> tuple[float, dict]:
 def server_args(mode: str, model: str, store: Path) -> list[str]:
     if mode == "hicache":
         return cpu_server_args(model, str(store), PAGE, max_total_tokens=16384)
-    config = {"linker": "FlatCakeLinker", "linker_module_path": "sglang_flatcake.sglang.linker",
-              "linker_extra_config": {"store_dir": str(store)}}
-    return cpu_server_args(model, "", PAGE, backend="none", max_total_tokens=16384, extra=[
-        "--enable-unified-cache-external-linker",
-        "--unified-cache-external-linker-backend", "dynamic",
-        "--unified-cache-external-linker-config", json.dumps(config)])
+    return cpu_server_args(model, str(store), PAGE, backend="flatcake-linker",
+                           max_total_tokens=16384)
 
 
 def stored_pages(store: Path) -> int:

@@ -31,15 +31,24 @@ def free_port() -> int:
 def cpu_server_args(model: str, store_dir: str, page_size: int = 16, backend: str = "flatcake",
                     max_total_tokens: int = 8192, hicache_ratio: float = 2.0,
                     extra: list[str] | None = None, extra_config: dict | None = None) -> list[str]:
-    """Arguments for a CPU HiCache server with ``backend`` as the storage tier.
+    """Arguments for a CPU server with ``backend`` as the storage tier.
 
-    ``extra_config`` is the backend's ``--hicache-storage-backend-extra-config``
-    (``mooncake`` needs one: ``peers.backend_extra_config``)."""
+    ``none``: no cache beyond the device. ``flatcake-linker``: flatcake as SGLang's direct
+    external linker (no host tier; ``extra_config`` goes into ``linker_extra_config`` beside
+    ``store_dir``). Any other backend is a HiCache storage backend; ``extra_config`` is its
+    ``--hicache-storage-backend-extra-config`` (``mooncake`` needs one:
+    ``peers.backend_extra_config``)."""
     args = ["--model-path", model, "--device", "cpu", "--model-impl", "transformers",
             "--max-total-tokens", str(max_total_tokens), "--page-size", str(page_size),
             "--enable-cache-report", "--disable-cuda-graph", "--dtype", "float32",
             "--mem-fraction-static", "0.5"]
-    if backend != "none":
+    if backend == "flatcake-linker":
+        config = {"linker": "FlatCakeLinker", "linker_module_path": "sglang_flatcake.sglang.linker",
+                  "linker_extra_config": {"store_dir": store_dir, **(extra_config or {})}}
+        args += ["--enable-unified-cache-external-linker",
+                 "--unified-cache-external-linker-backend", "dynamic",
+                 "--unified-cache-external-linker-config", json.dumps(config)]
+    elif backend != "none":
         args += ["--enable-hierarchical-cache", "--hicache-ratio", str(hicache_ratio),
                  "--hicache-storage-backend", backend,
                  "--hicache-storage-prefetch-policy", "wait_complete"]

@@ -9,7 +9,6 @@ trap of flush-and-repeat: the slots may still hold the right KV).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -32,12 +31,8 @@ PAGE = 16
 
 
 def linker_args(model: str, store_dir, **extra) -> list[str]:
-    config = {"linker": "FlatCakeLinker", "linker_module_path": "sglang_flatcake.sglang.linker",
-              "linker_extra_config": {"store_dir": str(store_dir), **extra}}
-    return cpu_server_args(model, "", PAGE, backend="none", extra=[
-        "--enable-unified-cache-external-linker",
-        "--unified-cache-external-linker-backend", "dynamic",
-        "--unified-cache-external-linker-config", json.dumps(config)])
+    return cpu_server_args(model, str(store_dir), PAGE, backend="flatcake-linker",
+                           extra_config=extra)
 
 
 def prompt_ids(n: int, seed: int) -> list[int]:
