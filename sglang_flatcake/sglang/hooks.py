@@ -51,6 +51,7 @@ _SA = "sglang.srt.server_args.ServerArgs."
 _CC = "sglang.srt.managers.cache_controller.HiCacheController."
 _URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache."
 _SCH = "sglang.srt.managers.scheduler.Scheduler."
+_SP = "sglang.srt.managers.schedule_policy."
 
 HOOKS: tuple[Hook, ...] = (
     Hook(_SA + "add_cli_args", "after", "plugin:_add_cli_args_after", ("parser",),
@@ -92,6 +93,15 @@ HOOKS: tuple[Hook, ...] = (
          ("self", "request"),
          "the admission gate: an unpublished restore (or, with `--flatcake-single-queue`, an "
          "earlier unready arrival) keeps the request waiting in place"),
+    Hook(_SP + "SchedulePolicy.calc_priority", "after", "linker_admission:_calc_priority_after",
+         ("self", "waiting_queue", "running_batch", "processed_tokens"),
+         "linker mode (`FlatCakeLinker` only): ready requests and aged SSD requests first, "
+         "SSD requests not yet at their deadline after them (no-op otherwise)"),
+    Hook(_SP + "PrefillAdder.add_one_req", "around", "linker_admission:_add_one_req_around",
+         ("self", "req", "has_chunked_req", "truncation_align_size"),
+         "linker mode (`FlatCakeLinker` only): a batch holds ready or SSD-restoring requests, "
+         "never both; a new SSD request is held briefly so ready ones sent with it go first "
+         "(`AddReqResult.CONTINUE`: it keeps waiting in place; no-op otherwise)"),
     Hook("sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__", "before",
          "cpu:_no_pin_before_init",
          ("self", "dtype", "device_capacity_tokens", "size_per_token", "start_layer",
@@ -111,7 +121,7 @@ MEMBERS: dict[str, tuple[str, ...]] = {
         "cache_controller", "enable_storage", "insert_session_id", "tree_core", "tp_world_size",
         "pp_size", "page_size", "_all_reduce", "tree_components", "is_swa_enabled",
         "buffer_pipeline", "prefetch_loaded_tokens_by_reqid",
-        "prefetch_loaded_storage_start_by_reqid"),
+        "prefetch_loaded_storage_start_by_reqid", "linker"),
     "sglang.srt.managers.cache_controller.HiCacheController": (
         "storage_backend", "storage_backend_type", "page_get_func", "page_set_func",
         "_page_get_zero_copy", "_page_set_zero_copy"),
@@ -122,8 +132,14 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "sglang.srt.managers.schedule_batch.ScheduleBatch": ("reqs", "forward_mode",
                                                           "extend_num_tokens"),
     "sglang.srt.managers.schedule_batch.Req": ("origin_input_ids", "output_ids", "prefix_len",
-                                               "rid", "sampling_params"),
+                                               "rid", "sampling_params", "host_hit_length"),
     "sglang.srt.mem_cache.unified_cache.cache_action.BackupKV": ("node_ids",),
+    # linker-mode admission (linker_admission.py)
+    "sglang.srt.managers.schedule_policy.PrefillAdder": ("tree_cache", "can_run_list"),
+    "sglang.srt.managers.schedule_policy.SchedulePolicy": ("tree_cache",),
+    "sglang.srt.managers.schedule_policy.AddReqResult": ("CONTINUE",),
+    "sglang.srt.mem_cache.unified_cache.unified_cache_linker.UnifiedCacheLinkerWrapper": (
+        "cache_linker",),
     "sglang.srt.mem_cache.hicache_storage.HiCacheStorageConfig": (
         "tp_rank", "tp_size", "pp_rank", "pp_size", "attn_cp_rank", "attn_cp_size", "dp_rank",
         "model_name", "extra_config", "is_mla_model", "enable_storage_metrics"),

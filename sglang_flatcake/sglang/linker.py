@@ -34,6 +34,7 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
 from ..errors import ConfigError
 from ..store import FlatCakeStore
 from .backend import check_writable, rank_dir, rank_ssd_path, store_root
+from .linker_admission import LinkerAdmission, agree_max
 from .linker_config import linker_config
 from .linker_load import Batch, LayerLoader, Load
 from .linker_lookup import Lookup
@@ -95,6 +96,9 @@ class FlatCakeLinker(UnifiedCacheLinker):
                                   cfg.verify_reads, cfg.window_layers)
         self.finder = Lookup(self.store, self.loader.damaged, cfg.recompute_when_faster)
         self.loader.restore_rate = self.finder.decider.restore
+        self.admission = LinkerAdmission(      # the ready / SSD-preparing split of batches
+            cfg.queue_aging, not cfg.single_queue, self.finder.decider.restore.seconds_for,
+            agree_max(params.attn_tp_cache_group or params.tp_cache_group))
         self.slot_keys = SlotKeys()
         rows = params.req_to_token_pool.req_to_token
         self.offloader = Offloader(self.store, self.pool, rows, self.slot_keys)
@@ -117,6 +121,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.counters["lookups"] += 1
         self.counters["lookup_hit_pages"] += found.pages
         self.recompute_tokens[rid] = (found.tail - found.pages) * self.pool.page
+        self.admission.note(rid, found.ssd_pages * self.store.layout.block_bytes)
         return list(range(1, found.pages + 1))
 
     def _disk_backlog(self) -> float:
@@ -204,6 +209,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.layer_done_counter.reset()
         self.slot_keys.clear()
         self.recompute_tokens.clear()
+        self.admission.clear()
 
     def close(self) -> None:
         self.reset()
@@ -215,4 +221,5 @@ class FlatCakeLinker(UnifiedCacheLinker):
     def stats(self) -> dict:
         return {**self.counters, "load": dict(self.loader.counters),
                 "offload": dict(self.offloader.counters), "decision": self.finder.stats(),
-                "damaged_pages": len(self.loader.damaged)}
+                "damaged_pages": len(self.loader.damaged),
+                "admission": dict(self.admission.counters)}
