@@ -18,8 +18,11 @@ with ``--flatcake-single-queue``):
   both (the first request admitted decides; a request of the other kind stays in the waiting
   queue, in place, for a later batch); and an SSD request is held back from its first sighting
   for ``hold_s = min(HOLD_S, queue_aging * restore_s)`` so that ready requests sent with it
-  (which reach the scheduler a few milliseconds later) take the first batch.  Held and excluded
-  requests are answered ``AddReqResult.CONTINUE`` without calling SGLang's ``add_one_req``: the
+  (which reach the scheduler a few milliseconds later) take the first batch; and an SSD batch
+  does not start in the round right after a ready batch (with SGLang's overlap schedule a
+  batch's first tokens go out only after the next batch is launched, and launching a batch
+  that waits on the SSD would hold them back).  An aged SSD request skips both waits.  Held
+  and excluded requests are answered ``AddReqResult.CONTINUE`` without calling SGLang's ``add_one_req``: the
   scheduler then moves to the next request and keeps this one waiting (as it does for a
   request whose HiCache prefetch is not done).
 
@@ -39,7 +42,8 @@ import torch
 
 from ..sched.queues import RESTORE_BYTES_PER_S
 
-HOLD_S = 0.05          # the longest hold of a new SSD request (requests sent together: ms apart)
+HOLD_S = 0.2           # the longest hold of a new SSD request (requests sent together arrive
+                       # tens of ms apart on a loaded host)
 READY, SSD = "ready", "ssd"
 
 
@@ -72,7 +76,8 @@ class LinkerAdmission:
         self.found: dict[str, int] = {}          # rid -> SSD bytes of this round's lookup
         self.waiting: dict[str, Seen] = {}       # SSD requests seen and not yet admitted
         self.batch: tuple[object, str] | None = None    # (the adder, the kind it admitted)
-        self.counters = {"held": 0, "kept_apart": 0, "admitted_ready": 0, "admitted_ssd": 0,
+        self.after_ready = False                 # the last round admitted ready requests
+        self.counters = {"held": 0, "kept_apart": 0, "after_ready": 0, "admitted_ready": 0, "admitted_ssd": 0,
                          "reordered": 0}
 
     # -- from the linker -------------------------------------------------------------
@@ -131,8 +136,9 @@ class LinkerAdmission:
         else ``skip`` (SGLang's ``AddReqResult.CONTINUE``: the request keeps waiting)."""
         if not self.enabled:
             return original()
-        if self.batch is None or self.batch[0] is not adder:
-            self.batch = (adder, "")                       # a new round: a new batch
+        if self.batch is None or self.batch[0] is not adder:     # a new round: a new batch
+            self.after_ready = self.batch is not None and self.batch[1] == READY
+            self.batch = (adder, "")
         rid, kind = req.rid, READY
         if req.host_hit_length > 0:                   # a linker hit (the ranks agree on it)
             s = self.waiting.get(rid)
@@ -148,6 +154,9 @@ class LinkerAdmission:
                 s.ssd_bytes = ssd_bytes
                 if not over:
                     self.counters["held"] += 1
+                    return skip
+                if self.after_ready and not s.aged:   # let the ready batch's results out first
+                    self.counters["after_ready"] += 1
                     return skip
         held = self.batch[1]
         if held and held != kind:

@@ -164,9 +164,11 @@ def test_a_memory_request_sent_with_an_ssd_restore_gets_its_own_batch_first(sche
     queue.append(sched.req("M", sched.mem))           # the memory request arrives after it
     assert sched.step(queue) == ["M"]                 # ordered first; S kept out of its batch
     sched.clock.t += HOLD_S
+    assert sched.step(queue) == []                    # M's first token goes out first
     assert sched.step(queue) == ["S"]                 # the next batch
     c = sched.linker.admission.counters
     assert c["held"] == 2 and c["admitted_ready"] == 1 and c["admitted_ssd"] == 1
+    assert c["after_ready"] == 1
 
 
 def test_ready_and_ssd_requests_never_share_a_batch(sched):
@@ -174,9 +176,9 @@ def test_ready_and_ssd_requests_never_share_a_batch(sched):
     assert sched.step(queue) == ["M"]                 # S held, M alone
     sched.clock.t += HOLD_S
     queue += [sched.req("M2", sched.mem), sched.req("S2", sched.ssd)]
-    first = sched.step(queue)
-    assert first == ["M2"]                            # ready first; S's hold is over but
-    assert sched.step(queue) == ["S"]                 # it waits for a batch of its kind
+    assert sched.step(queue) == ["M2"]                # ready first; S's hold is over but
+    assert sched.step(queue) == []                    # not right after a ready batch
+    assert sched.step(queue) == ["S"]                 # then a batch of its kind
     sched.clock.t += HOLD_S
     assert sched.step(queue) == ["S2"]
 
@@ -190,6 +192,7 @@ def test_an_aged_ssd_request_goes_first_and_keeps_ready_ones_out(sched):
     sched.clock.t = deadline
     queue.append(sched.req("M", sched.mem))
     assert sched.step(queue) == ["S"]                 # aged: first, and alone
+    assert adm.counters["kept_apart"] == 1            # M stayed out of its batch
     assert sched.step(queue) == ["M"]
 
 
