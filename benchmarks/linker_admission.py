@@ -153,8 +153,10 @@ def main(argv=None) -> int:
               "delay_s_per_mib": a.delay_s_per_mib, "ssd_restore_mib": ssd_mib,
               "ssd_restore_s_modelled": ssd_mib * a.delay_s_per_mib}
     print(json.dumps({"config": config}), flush=True)
-    res = {m: run_mode(m, model, work, prompts, a.reps, a.delay_s_per_mib, work)
-           for m in modes}
+    res = {}
+    for m in modes:
+        res[m] = run_mode(m, model, work, prompts, a.reps, a.delay_s_per_mib, work)
+        print(json.dumps({m: res[m]}), flush=True)
     result = {"target": 1.2, **{f"{m}_ratio": r["ratio"] for m, r in res.items()},
               "modes": res, "config": config}
     print(json.dumps({k: v for k, v in result.items() if k != "modes"} | {
