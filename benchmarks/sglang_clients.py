@@ -342,7 +342,10 @@ def main(argv=None) -> int:
         for b in a.backends:
             run_backend(b, model, work, a, trace, n, data)
         backends = a.backends
-    result = {"config": config, **summarize(work, backends)}
+    try:
+        result = {"config": config, **summarize(work, backends)}
+    except (ValueError, KeyError) as e:
+        raise SystemExit(f"error: {work}: {e}") from None
     print(json.dumps({"ratios_to_none": result["ratios_to_none"]}))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
