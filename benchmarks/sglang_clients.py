@@ -41,6 +41,7 @@ import lzma
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -328,6 +329,8 @@ def main(argv=None) -> int:
         backends = found
     else:
         from sglang_flatcake.commands.tiny_model import cached_tiny_llama
+        # a SIGTERM (e.g. from ``timeout``) unwinds like Ctrl-C: servers and load stop
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         work = Path(a.work_dir or tempfile.mkdtemp(prefix="sglang-clients-"))
         work.mkdir(parents=True, exist_ok=True)
         model = str(cached_tiny_llama()[0])
