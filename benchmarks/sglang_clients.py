@@ -181,7 +181,8 @@ def run_backend(backend: str, model: str, work: Path, a, trace: Path, n: int,
                            max_total_tokens=a.max_total_tokens)
     log = work / f"{backend}_server.log"
     t0 = time.monotonic()
-    with ServerProcess(args, log_path=str(log)) as s:
+    s = ServerProcess(args, log_path=str(log)).start(timeout=a.timeout)
+    try:
         print(f"[{backend}] server up in {time.monotonic() - t0:.0f}s", file=sys.stderr)
         load = start_load(a.load, store, a.cpu_procs)
         try:
@@ -195,6 +196,8 @@ def run_backend(backend: str, model: str, work: Path, a, trace: Path, n: int,
                       work / f"{backend}_multiturn.json", a.timeout)
         finally:
             stop_load(load)
+    finally:
+        s.stop()
 
 
 # -- summary -----------------------------------------------------------------------------
