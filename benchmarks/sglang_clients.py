@@ -181,8 +181,9 @@ def run_backend(backend: str, model: str, work: Path, a, trace: Path, n: int,
                            max_total_tokens=a.max_total_tokens)
     log = work / f"{backend}_server.log"
     t0 = time.monotonic()
-    s = ServerProcess(args, log_path=str(log)).start(timeout=a.timeout)
-    try:
+    s = ServerProcess(args, log_path=str(log))
+    try:                    # stopped however the start or the clients end (Ctrl-C included)
+        s.start(timeout=a.timeout)
         print(f"[{backend}] server up in {time.monotonic() - t0:.0f}s", file=sys.stderr)
         load = start_load(a.load, store, a.cpu_procs)
         try:
