@@ -117,7 +117,10 @@ class FlatCakeLinker(UnifiedCacheLinker):
         kv = next((t for t in transfers if t.name == PoolName.KV), None)
         if kv is None or not kv.keys:
             return []
-        found = self.finder.find(list(kv.keys), self._disk_backlog())
+        ahead = [*self.queued.values(), *(ld for b in self.running.values() for ld in b.loads)]
+        found = self.finder.find(list(kv.keys), self._disk_backlog(),
+                                 sum(1 for ld in ahead if ld.ssd_bytes),
+                                 sum(self.recompute_tokens.get(ld.rid, 0) for ld in ahead))
         self.counters["lookups"] += 1
         self.counters["lookup_hit_pages"] += found.pages
         self.recompute_tokens[rid] = (found.tail - found.pages) * self.pool.page

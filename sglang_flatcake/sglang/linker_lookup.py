@@ -39,8 +39,11 @@ class Lookup:
         self.store, self.damaged = store, damaged
         self.decider = RestoreOrRecompute(Cost(), Rate(), enabled)   # as HiCache mode prices it
 
-    def find(self, keys: list[str], disk_backlog_bytes: float) -> Found:
-        """The restorable run of ``keys`` (counts one decision when it has SSD pages)."""
+    def find(self, keys: list[str], disk_backlog_bytes: float, disk_backlog_restores: int = 0,
+             gpu_backlog_tokens: float = 0.0) -> Found:
+        """The restorable run of ``keys`` (counts one decision when it has SSD pages), behind
+        ``disk_backlog_restores`` restores of ``disk_backlog_bytes`` and ``gpu_backlog_tokens``
+        prefill tokens (the backlog as it is when the request joins)."""
         where = self.store.locate(keys)
         n = 0
         for k, a in zip(keys, where):
@@ -51,7 +54,8 @@ class Lookup:
         if not ssd:
             return Found(n, len(keys), 0, False)
         page, bb = self.store.layout.page_tokens, self.store.layout.block_bytes
-        choice = self.decider.choose(len(ssd) * bb, (n - ssd[0]) * page, disk_backlog_bytes, 0)
+        choice = self.decider.choose(len(ssd) * bb, (n - ssd[0]) * page, disk_backlog_bytes,
+                                     gpu_backlog_tokens, disk_backlog_restores)
         if choice.restore:
             return Found(n, len(keys), len(ssd), False)
         return Found(ssd[0], len(keys), 0, True)
