@@ -298,14 +298,17 @@ class DirectRestorer:
         flow.result = res
         return True, int(res.hits if not res.error else 0)
 
-    def finish(self, flow: Flow, pages: int) -> None:
-        """Publish the first ``pages`` restored pages into the tree; free everything else."""
+    def finish(self, flow: Flow, pages: int, hold: bool = False) -> tuple[int, int, Any]:
+        """Publish the first ``pages`` restored pages into the tree; free everything else.
+        Returns (tokens published, of them already on device, the hold): with ``hold`` the
+        published span is locked in the tree until ``unhold`` gets the hold back."""
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 
         import torch
 
         flow.state = "done"
         tokens = pages * self.page
+        duplicate, held = 0, None
         try:
             if tokens < flow.tokens:
                 self.allocator.free(flow.slots[tokens:])
@@ -314,9 +317,12 @@ class DirectRestorer:
                 end = flow.prefix_start + tokens
                 prefix = self.tree.path_device_indices(flow.anchor)[: flow.prefix_start]
                 value = torch.cat([prefix.to(torch.int64), flow.slots[:tokens].to(torch.int64)])
-                self.tree.insert(InsertParams(key=flow.key[:end], value=value,
-                                              prev_prefix_len=flow.prefix_start,
-                                              inserted_len=end))
+                got = self.tree.insert(InsertParams(key=flow.key[:end], value=value,
+                                                    prev_prefix_len=flow.prefix_start,
+                                                    inserted_len=end))
+                duplicate = max(0, min(int(got.prefix_len), end) - flow.prefix_start)
+                if hold:
+                    held = self._hold(flow.key[:end], got.last_device_node)
                 self.tree.prefetch_loaded_tokens_by_reqid[flow.handle] = tokens
                 self.tree.prefetch_loaded_storage_start_by_reqid[flow.handle] = flow.prefix_start
                 res = flow.result
@@ -332,6 +338,19 @@ class DirectRestorer:
                  "host-pool gets %d", flow.rid, tokens, len(flow.key) - flow.prefix_start,
                  flow.prefix_start, flow.ssd_bytes / (1 << 20),
                  time.monotonic() - flow.started_at, self.backend.host_pool_gets)
+        return tokens, duplicate, held
+
+    def _hold(self, key, node) -> Any:
+        """Lock the device path ending at ``key`` (``node`` when the insert named it)."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        if node is None:
+            node = self.tree.match_prefix(MatchPrefixParams(key=key)).last_device_node
+        return node, self.tree.inc_lock_ref(node).to_dec_params()
+
+    def unhold(self, held: Any) -> None:
+        """Release a hold ``finish`` returned."""
+        node, params = held
+        self.tree.dec_lock_ref(node, params)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
