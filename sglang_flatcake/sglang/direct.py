@@ -341,16 +341,20 @@ class DirectRestorer:
         return tokens, duplicate, held
 
     def _hold(self, key, node) -> Any:
-        """Lock the device path ending at ``key`` (``node`` when the insert named it)."""
+        """Lock the device path ending at ``key`` (``node`` when the insert named it).  The
+        hold remembers the tree's generation: ``reset`` (``/flush_cache``) gives the tree a
+        new ``prefetch_loaded_tokens_by_reqid`` dict, and a lock from before it is void."""
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
         if node is None:
             node = self.tree.match_prefix(MatchPrefixParams(key=key)).last_device_node
-        return node, self.tree.inc_lock_ref(node).to_dec_params()
+        return node, self.tree.inc_lock_ref(node).to_dec_params(), \
+            self.tree.prefetch_loaded_tokens_by_reqid
 
     def unhold(self, held: Any) -> None:
-        """Release a hold ``finish`` returned."""
-        node, params = held
-        self.tree.dec_lock_ref(node, params)
+        """Release a hold ``finish`` returned (nothing when the tree was reset since)."""
+        node, params, generation = held
+        if generation is self.tree.prefetch_loaded_tokens_by_reqid:
+            self.tree.dec_lock_ref(node, params)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
