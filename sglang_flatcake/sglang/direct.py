@@ -94,7 +94,7 @@ class DirectRestorer:
     backend: Any
     counters: dict = field(default_factory=lambda: {
         "flows": 0, "restored_tokens": 0, "bytes_from_ssd": 0, "bytes_from_memory": 0,
-        "failed": 0, "waits_for_slots": 0})
+        "failed": 0, "waits_for_slots": 0, "tokens_skipped_on_device": 0})
 
     def __post_init__(self) -> None:
         self.tree = self.scheduler.tree_cache
@@ -214,10 +214,17 @@ class DirectRestorer:
         """Lock the device prefix and allocate slots; False (nothing held) when none are free."""
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
 
-        match = self.tree.match_prefix(MatchPrefixParams(key=flow.key[: flow.start]))
-        if match.device_prefix_len < flow.start:
-            # the device prefix was evicted while queued: restore from where it now ends
-            self._restart_from(flow, match.device_prefix_len)
+        last = len(flow.key) - self.page             # at least one page is left to restore
+        match = self.tree.match_prefix(MatchPrefixParams(key=flow.key[:last]))
+        have = match.device_prefix_len // self.page * self.page
+        if have < flow.start or (have > flow.start and flow.remote is None):
+            # the device prefix was evicted while queued, or another request's restore or
+            # prefill put more of the span on device: restore from where it now ends (a
+            # restore of what is on device would be read only to be freed by the insert)
+            if have > flow.start:
+                self.counters["tokens_skipped_on_device"] += have - flow.start
+            self._restart_from(flow, have)
+            match = self.tree.match_prefix(MatchPrefixParams(key=flow.key[: flow.start]))
         # lock the prefix first: the eviction below must not take the very nodes we extend
         anchor = match.last_device_node
         lock = self.tree.inc_lock_ref(anchor).to_dec_params()
