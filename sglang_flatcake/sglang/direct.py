@@ -329,7 +329,7 @@ class DirectRestorer:
                                                     inserted_len=end))
                 duplicate = max(0, min(int(got.prefix_len), end) - flow.prefix_start)
                 if hold:
-                    held = self._hold(flow.key[:end], got.last_device_node)
+                    held = self._hold(flow.key[:end])
                 self.tree.prefetch_loaded_tokens_by_reqid[flow.handle] = tokens
                 self.tree.prefetch_loaded_storage_start_by_reqid[flow.handle] = flow.prefix_start
                 res = flow.result
@@ -347,13 +347,12 @@ class DirectRestorer:
                  time.monotonic() - flow.started_at, self.backend.host_pool_gets)
         return tokens, duplicate, held
 
-    def _hold(self, key, node) -> Any:
-        """Lock the device path ending at ``key`` (``node`` when the insert named it).  The
-        hold remembers the tree's generation: ``reset`` (``/flush_cache``) gives the tree a
-        new ``prefetch_loaded_tokens_by_reqid`` dict, and a lock from before it is void."""
+    def _hold(self, key) -> Any:
+        """Lock the device path ending at ``key``.  The hold remembers the tree's generation:
+        ``reset`` (``/flush_cache``) gives the tree a new ``prefetch_loaded_tokens_by_reqid``
+        dict, and a lock from before it is void."""
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-        if node is None:
-            node = self.tree.match_prefix(MatchPrefixParams(key=key)).last_device_node
+        node = self.tree.match_prefix(MatchPrefixParams(key=key)).last_device_node
         return node, self.tree.inc_lock_ref(node).to_dec_params(), \
             self.tree.prefetch_loaded_tokens_by_reqid
 
