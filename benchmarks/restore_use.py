@@ -28,15 +28,17 @@ from sglang_flatcake.commands.server import ServerProcess, cpu_server_args
 from sglang_flatcake.commands.tiny_model import build_tiny_llama
 
 RESTORED = re.compile(r"flatcake: restored (\S+): (\d+) of (\d+) tokens")
+DUPLICATE = re.compile(r"flatcake: restored .*; (\d+) were on device already")
 FATE = re.compile(r"flatcake: (\S+) (admitted|departed): used (\d+) of (\d+) restored tokens")
 
 
-def conversations(sessions: int, turns: int, seed: int = 0) -> list[list[int]]:
-    """Prompts (token ids): turn t of a session is turn t-1 + a 64-token reply + 192 tokens."""
+def conversations(sessions: int, turns: int, base: int = 576, seed: int = 0) -> list[list[int]]:
+    """Prompts (token ids): a session's first prompt is ``base`` tokens (+-1/3), turn t is
+    turn t-1 + a 64-token reply + 192 tokens."""
     rng = random.Random(seed)
     out = []
     for _ in range(sessions):
-        prompt = [rng.randrange(2, 500) for _ in range(rng.randrange(384, 768))]
+        prompt = [rng.randrange(2, 500) for _ in range(rng.randrange(base * 2 // 3, base * 4 // 3))]
         for _ in range(turns):
             out.append(list(prompt))
             prompt += [rng.randrange(2, 500) for _ in range(64 + 192)]
@@ -64,6 +66,7 @@ def summary(answers: list[dict], log: str) -> dict:
             "device_cached_tokens": sum(a["device"] for a in answers),
             "storage_credited_tokens": sum(a["storage"] for a in answers),
             "restores": len(restored), "restored_tokens": sum(t for _, t in restored),
+            "restored_tokens_on_device_already": sum(int(d) for d in DUPLICATE.findall(log)),
             "restored_tokens_used": sum(u for *_, u, _ in fates),
             "restored_tokens_unused": sum(n - u for *_, u, n in fates),
             "restored_tokens_departed": sum(n for _, how, _, n in fates if how == "departed"),
@@ -75,7 +78,7 @@ def run(args) -> dict:
     model = str(build_tiny_llama(work / "tiny-llama"))
     log_path = work / "server.log"
     env = {"FLATCAKE_RESTORE_HOLD": "0" if args.no_hold else "1"}
-    prompts = conversations(args.sessions, args.turns)
+    prompts = conversations(args.sessions, args.turns, args.base_tokens)
     server_args = cpu_server_args(model, str(work / "store"), max_total_tokens=args.max_total_tokens,
                                   extra=["--schedule-policy", "fcfs", "--enable-metrics"])
     with ServerProcess(server_args, log_path=str(log_path), env=env) as s:
@@ -88,6 +91,7 @@ def run(args) -> dict:
         s.post("/generate", {"input_ids": [3] * 16, "sampling_params": {"max_new_tokens": 1}})
     log = log_path.read_bytes()[mark:].decode(errors="replace")
     return {"hold": not args.no_hold, "sessions": args.sessions, "turns": args.turns,
+            "base_tokens": args.base_tokens,
             "max_total_tokens": args.max_total_tokens,
             "pass1": summary(first, ""), "pass2": summary(second, log), "log": str(log_path)}
 
@@ -96,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--base-tokens", type=int, default=576)
     p.add_argument("--max-total-tokens", type=int, default=8192)
     p.add_argument("--no-hold", action="store_true")
     p.add_argument("--json")

@@ -342,9 +342,9 @@ class DirectRestorer:
             self.tree.dec_lock_ref(flow.anchor, flow.anchor_lock)
             flow.anchor = flow.anchor_lock = flow.slots = None
         log.info("flatcake: restored %s: %d of %d tokens from %d (%.1f MiB from SSD) in %.3fs, "
-                 "host-pool gets %d", flow.rid, tokens, len(flow.key) - flow.prefix_start,
-                 flow.prefix_start, flow.ssd_bytes / (1 << 20),
-                 time.monotonic() - flow.started_at, self.backend.host_pool_gets)
+                 "host-pool gets %d; %d were on device already", flow.rid, tokens,
+                 len(flow.key) - flow.prefix_start, flow.prefix_start, flow.ssd_bytes / (1 << 20),
+                 time.monotonic() - flow.started_at, self.backend.host_pool_gets, duplicate)
         return tokens, duplicate, held
 
     def _hold(self, key) -> Any:
