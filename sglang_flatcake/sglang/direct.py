@@ -94,7 +94,7 @@ class DirectRestorer:
     backend: Any
     counters: dict = field(default_factory=lambda: {
         "flows": 0, "restored_tokens": 0, "bytes_from_ssd": 0, "bytes_from_memory": 0,
-        "failed": 0, "waits_for_slots": 0})
+        "failed": 0, "waits_for_slots": 0, "tokens_skipped_on_device": 0})
 
     def __post_init__(self) -> None:
         self.tree = self.scheduler.tree_cache
@@ -214,10 +214,17 @@ class DirectRestorer:
         """Lock the device prefix and allocate slots; False (nothing held) when none are free."""
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
 
-        match = self.tree.match_prefix(MatchPrefixParams(key=flow.key[: flow.start]))
-        if match.device_prefix_len < flow.start:
-            # the device prefix was evicted while queued: restore from where it now ends
-            self._restart_from(flow, match.device_prefix_len)
+        last = len(flow.key) - self.page             # at least one page is left to restore
+        match = self.tree.match_prefix(MatchPrefixParams(key=flow.key[:last]))
+        have = match.device_prefix_len // self.page * self.page
+        if have < flow.start or (have > flow.start and flow.remote is None):
+            # the device prefix was evicted while queued, or another request's restore or
+            # prefill put more of the span on device: restore from where it now ends (a
+            # restore of what is on device would be read only to be freed by the insert)
+            if have > flow.start:
+                self.counters["tokens_skipped_on_device"] += have - flow.start
+            self._restart_from(flow, have)
+            match = self.tree.match_prefix(MatchPrefixParams(key=flow.key[: flow.start]))
         # lock the prefix first: the eviction below must not take the very nodes we extend
         anchor = match.last_device_node
         lock = self.tree.inc_lock_ref(anchor).to_dec_params()
@@ -298,14 +305,17 @@ class DirectRestorer:
         flow.result = res
         return True, int(res.hits if not res.error else 0)
 
-    def finish(self, flow: Flow, pages: int) -> None:
-        """Publish the first ``pages`` restored pages into the tree; free everything else."""
+    def finish(self, flow: Flow, pages: int, hold: bool = False) -> tuple[int, int, Any]:
+        """Publish the first ``pages`` restored pages into the tree; free everything else.
+        Returns (tokens published, of them already on device, the hold): with ``hold`` the
+        published span is locked in the tree until ``unhold`` gets the hold back."""
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 
         import torch
 
         flow.state = "done"
         tokens = pages * self.page
+        duplicate, held = 0, None
         try:
             if tokens < flow.tokens:
                 self.allocator.free(flow.slots[tokens:])
@@ -314,9 +324,12 @@ class DirectRestorer:
                 end = flow.prefix_start + tokens
                 prefix = self.tree.path_device_indices(flow.anchor)[: flow.prefix_start]
                 value = torch.cat([prefix.to(torch.int64), flow.slots[:tokens].to(torch.int64)])
-                self.tree.insert(InsertParams(key=flow.key[:end], value=value,
-                                              prev_prefix_len=flow.prefix_start,
-                                              inserted_len=end))
+                got = self.tree.insert(InsertParams(key=flow.key[:end], value=value,
+                                                    prev_prefix_len=flow.prefix_start,
+                                                    inserted_len=end))
+                duplicate = max(0, min(int(got.prefix_len), end) - flow.prefix_start)
+                if hold:
+                    held = self._hold(flow.key[:end])
                 self.tree.prefetch_loaded_tokens_by_reqid[flow.handle] = tokens
                 self.tree.prefetch_loaded_storage_start_by_reqid[flow.handle] = flow.prefix_start
                 res = flow.result
@@ -329,9 +342,25 @@ class DirectRestorer:
             self.tree.dec_lock_ref(flow.anchor, flow.anchor_lock)
             flow.anchor = flow.anchor_lock = flow.slots = None
         log.info("flatcake: restored %s: %d of %d tokens from %d (%.1f MiB from SSD) in %.3fs, "
-                 "host-pool gets %d", flow.rid, tokens, len(flow.key) - flow.prefix_start,
-                 flow.prefix_start, flow.ssd_bytes / (1 << 20),
-                 time.monotonic() - flow.started_at, self.backend.host_pool_gets)
+                 "host-pool gets %d; %d were on device already", flow.rid, tokens,
+                 len(flow.key) - flow.prefix_start, flow.prefix_start, flow.ssd_bytes / (1 << 20),
+                 time.monotonic() - flow.started_at, self.backend.host_pool_gets, duplicate)
+        return tokens, duplicate, held
+
+    def _hold(self, key) -> Any:
+        """Lock the device path ending at ``key``.  The hold remembers the tree's generation:
+        ``reset`` (``/flush_cache``) gives the tree a new ``prefetch_loaded_tokens_by_reqid``
+        dict, and a lock from before it is void."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        node = self.tree.match_prefix(MatchPrefixParams(key=key)).last_device_node
+        return node, self.tree.inc_lock_ref(node).to_dec_params(), \
+            self.tree.prefetch_loaded_tokens_by_reqid
+
+    def unhold(self, held: Any) -> None:
+        """Release a hold ``finish`` returned (nothing when the tree was reset since)."""
+        node, params, generation = held
+        if generation is self.tree.prefetch_loaded_tokens_by_reqid:
+            self.tree.dec_lock_ref(node, params)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

@@ -105,7 +105,8 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.queued: dict[str, Load] = {}
         self.running: dict[int, Batch] = {}
         self.recompute_tokens: dict[str, int] = {}     # rid -> tail tokens past its restore
-        self.counters = {"lookups": 0, "lookup_hit_pages": 0, "loads_refused": 0}
+        self.counters = {"lookups": 0, "lookup_hit_pages": 0, "loads_refused": 0,
+                         "loads_cancelled": 0, "load_tokens_cancelled": 0}   # queued, never read
         log.info("flatcake linker: store %s opened (%s, %d B per page, %s memory, %s)",
                  self.store.root, self.pool.layout.kind, self.pool.layout.block_bytes,
                  "host" if self.pool.device is None else self.pool.device.name,
@@ -160,6 +161,8 @@ class FlatCakeLinker(UnifiedCacheLinker):
         if ld is None:
             return False
         ld.lease.release()
+        self.counters["loads_cancelled"] += 1
+        self.counters["load_tokens_cancelled"] += len(ld.keys) * self.pool.page
         return True
 
     def start_layer_wise_loading(self) -> int:

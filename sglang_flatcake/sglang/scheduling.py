@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import time
 from typing import Any
 
@@ -42,9 +43,15 @@ from ..sched.queues import TwoQueuePolicy
 from . import decline
 from .direct import DirectRestorer, Flow
 from .recompute import ServerEstimates
+from .restore_use import RestoreLedger
 from .signals import flatcake_backend
 
 log = logging.getLogger("sglang_flatcake")
+
+# ``FLATCAKE_RESTORE_HOLD=0``: publish restores unlocked (the ablation that shows restored KV
+# evicted before its request is admitted); default: held until the request leaves the queue.
+HOLD_ENV = "FLATCAKE_RESTORE_HOLD"
+STALL_PUMPS = 3     # steps with holds, nothing running and no restore in flight: drop the holds
 
 
 class FlatCakeScheduling:
@@ -64,6 +71,9 @@ class FlatCakeScheduling:
         self.pending: list[tuple[int, str]] = []    # (arrival, rid) of unpublished flows, sorted
         self.to_start: list[str] = []               # picked, waiting for device slots
         self.group = scheduler.tp_cpu_group if scheduler.tp_size > 1 else None
+        self.ledger = RestoreLedger(hold=os.environ.get(HOLD_ENV, "1") != "0")
+        self.req_of: dict[str, Any] = {}            # rid -> Req, while its flow or span lives
+        self.stalled = 0                            # consecutive pumps that found a stall
         self.estimates = ServerEstimates(scheduler, cfg.recompute_when_faster,
                                          clock=lambda: time.monotonic())
         log.info("flatcake: %s, SSD prefetches restore straight into device KV slots",
@@ -108,6 +118,7 @@ class FlatCakeScheduling:
             return
         self.estimates.restoring(flow, choice)
         self.flows[rid] = flow
+        self.req_of[rid] = req
         bisect.insort(self.pending, (self.seq, rid))
         if self.policy.arrive(rid, self.seq, flow.ssd_bytes) == "ready" and not self.single_queue:
             self.to_start.append(rid)         # memory only: no queueing for the SSD
@@ -115,9 +126,11 @@ class FlatCakeScheduling:
     # -- every step -------------------------------------------------------------------
     def pump(self) -> None:
         self.estimates.step()
-        if not self.flows and len(self.arrival) <= len(self.scheduler.waiting_queue) + 256:
+        if not self.flows and not self.ledger.spans \
+                and len(self.arrival) <= len(self.scheduler.waiting_queue) + 256:
             return
         self.now = self.agree([time.monotonic()], "max")[0]
+        self._settle_published()
         self._forget_departed()
         for rid in self.policy.start_prefetches():
             if decline.at_start(self, rid):
@@ -133,6 +146,7 @@ class FlatCakeScheduling:
         self._publish_finished()
         self.restorer.counters.update(self.policy.waiting())   # queue sizes, for get_stats
         self.restorer.counters.update(self.estimates.stats())
+        self.restorer.counters.update(self.ledger.stats())
 
     def _start_picked(self) -> None:
         still = []
@@ -160,6 +174,7 @@ class FlatCakeScheduling:
         if sched.last_batch is not None:
             reqs += list(sched.last_batch.reqs)
         pinned = {rid for rid, f in self.flows.items() if f.state == "running"} | {flow.rid}
+        pinned |= set(self.ledger.held())          # published, held until admitted
         reqs += [r for r in sched.waiting_queue if r.rid in pinned]
         uniq = {id(r): r for r in reqs}.values()
         reserve = sum(max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
@@ -183,7 +198,11 @@ class FlatCakeScheduling:
         for f, d, p in zip(running, done, pages):
             if d < 1:
                 continue
-            self.restorer.finish(f, int(p))
+            tokens, duplicate, held = self.restorer.finish(f, int(p), hold=self.ledger.hold)
+            if tokens > 0:
+                old = self.ledger.published(f.rid, f.prefix_start, tokens, duplicate, held)
+                if old is not None:
+                    self.restorer.unhold(old)
             self.estimates.finished(f)
             if self.policy.in_flight(f.rid):          # a memory-only flow never is
                 self.policy.prefetch_done(f.rid)      # frees its prefetch budget
@@ -193,10 +212,49 @@ class FlatCakeScheduling:
         """Forget ``rid``'s flow (published, declined or departed)."""
         self.estimates.disk.done(rid)
         flow = self.flows.pop(rid, None)
+        if rid not in self.ledger.spans:
+            self.req_of.pop(rid, None)
         if flow is not None:
             i = bisect.bisect_left(self.pending, (self.arrival[rid], rid))
             if i < len(self.pending) and self.pending[i][1] == rid:
                 del self.pending[i]
+
+    def _settle_published(self) -> None:
+        """Sort the published spans of requests that left the waiting queue (used, evicted
+        before use, departed), release their holds, and drop every hold when the scheduler
+        is stalled: holds present, nothing running, no restore in flight, ``STALL_PUMPS``
+        steps in a row (a held span must never keep a request from being admitted)."""
+        sched = self.scheduler
+        waiting = {r.rid for r in sched.waiting_queue}
+        for rid, how, tokens, used in self.ledger.settle(waiting, self._fate,
+                                                         self.restorer.unhold):
+            log.info("flatcake: %s %s: used %d of %d restored tokens", rid, how, used, tokens)
+        for rid in [r for r in self.req_of if r not in self.flows and r not in self.ledger.spans]:
+            del self.req_of[rid]
+        idle = (not sched.running_batch.reqs and sched.chunked_req is None
+                and not any(f.state == "running" for f in self.flows.values()))
+        self.stalled = self.stalled + 1 if idle and self.ledger.held() else 0
+        if self.stalled >= STALL_PUMPS:
+            n = self.ledger.release_all(self.restorer.unhold)
+            log.warning("flatcake: nothing runs and %d published restores are held; released "
+                        "(their KV may be evicted now)", n)
+            self.stalled = 0
+
+    def _fate(self, rid: str) -> tuple[str, int, int]:
+        """What became of a request that left the waiting queue: ``("admitted", prefix at
+        admission, tokens SGLang credited to storage)``, ``("departed", 0, 0)``, or
+        ``("unknown", 0, 0)`` while it cannot be told yet."""
+        req = self.req_of.get(rid)
+        if req is None:
+            return "departed", 0, 0
+        sched = self.scheduler
+        batches = list(sched.running_batch.reqs)
+        if sched.last_batch is not None:
+            batches += list(sched.last_batch.reqs)
+        if req is sched.chunked_req or any(r is req for r in batches) or req.output_ids:
+            prefix = req.cached_tokens_device + req.cached_tokens_host + req.cached_tokens_storage
+            return "admitted", int(prefix), int(req.cached_tokens_storage)
+        return ("departed", 0, 0) if req.finished() else ("unknown", 0, 0)
 
     def _forget_departed(self) -> None:
         """Requests that left the waiting queue without a gate pass (aborted) stop blocking."""
@@ -224,7 +282,7 @@ class FlatCakeScheduling:
 
     def stats(self) -> dict:
         return {**self.restorer.counters, **self.policy.waiting(), **self.estimates.stats(),
-                "single_queue": self.single_queue}
+                **self.ledger.stats(), "single_queue": self.single_queue}
 
 
 def state_of(scheduler) -> FlatCakeScheduling | None:

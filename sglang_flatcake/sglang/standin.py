@@ -105,8 +105,9 @@ class Tree:
     def path_device_indices(self, node):
         return self.prefix
 
-    def insert(self, params) -> None:
-        self.inserts.append(params)
+    def insert(self, params):
+        self.inserts.append(params)     # like SGLang's InsertResult: nothing was there before
+        return SimpleNamespace(prefix_len=params.prev_prefix_len, last_device_node="restored")
 
 
 def scheduler(torch, kind: str, layers: int, slots: int, heads: int, dim: int, dtype,

@@ -235,6 +235,27 @@ def test_release_undoes_allocate_and_slot_room_counts_evictable_slots(direct):
     assert tree.locks == 0 and alloc.available_size() == free
 
 
+def test_a_restore_skips_what_is_on_device_now_and_its_hold_lasts_until_unheld(direct):
+    torch, dr, make = direct
+    r, st, keys, sched, alloc, tree = make(slots=40 * 16, prefix=3 * 16)
+    # looked up with one page on device; three are there when it starts: only the rest is read
+    flow = dr.Flow("a", "h", list(range(16 + 8 * 16)), keys[1:9], 16, 0, 0,
+                   chain=["p"] + keys[1:9])
+    assert r.allocate(flow) and flow.start == 48 and flow.keys == keys[3:9]
+    assert r.counters["tokens_skipped_on_device"] == 32
+    r.submit(flow)
+    flow.future.result()
+    done, pages = r.local_result(flow)
+    assert done and pages == 6
+    tokens, duplicate, held = r.finish(flow, pages, hold=True)
+    assert (tokens, duplicate) == (96, 0) and tree.locks == 1       # the anchor's lock is gone
+    r.unhold(held)
+    assert tree.locks == 0
+    tree.prefetch_loaded_tokens_by_reqid = {}   # /flush_cache: holds from before it are void
+    r.unhold(held)
+    assert tree.locks == 0                      # (a second release would make it -1)
+
+
 class OwnersStandIn:
     """``ClusterNode.fetch``'s contract without the network (tests/cluster/test_cluster_node.py runs the
     real one): delivers ``blocks`` for the span's keys in two pieces, ``cut`` blocks at most."""

@@ -208,6 +208,8 @@ def test_a_cancelled_load_releases_its_pins(server):
     assert server.linker.store.clear() == 0               # pinned by the queued load
     assert server.linker.cancel_queued_load("r")
     assert server.linker.store.clear() == 1
+    st = server.linker.stats()                              # shown as loaded-but-unused
+    assert (st["loads_cancelled"], st["load_tokens_cancelled"]) == (1, 3 * server.linker.pool.page)
 
 
 def test_unsupported_components_are_refused_by_name(tmp_path):

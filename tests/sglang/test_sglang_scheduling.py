@@ -60,9 +60,13 @@ class FakeRestorer:
     def local_result(self, flow):
         return (flow.future.done(), 4 if flow.future.done() else 0)
 
-    def finish(self, flow, pages) -> None:
+    def finish(self, flow, pages, hold=False):
         flow.state = "done"
         self.published.append(flow.rid)
+        return pages * self.page, 0, (flow.rid if hold else None)
+
+    def unhold(self, held) -> None:
+        self.released.append(("hold", held))
 
 
 def fake_scheduler(**kw):
@@ -90,7 +94,9 @@ def make(monkeypatch):
 
 def request(rid, max_new_tokens=4, generated=0):
     return SimpleNamespace(rid=rid, sampling_params=SimpleNamespace(max_new_tokens=max_new_tokens),
-                           output_ids=[0] * generated, origin_input_ids=[], prefix_len=0)
+                           output_ids=[0] * generated, origin_input_ids=[], prefix_len=0,
+                           finished=lambda: False, cached_tokens_device=0, cached_tokens_host=0,
+                           cached_tokens_storage=0)
 
 
 def arrive(st, sched, rid, ssd_bytes=None):
