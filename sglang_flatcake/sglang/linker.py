@@ -40,6 +40,7 @@ from .linker_lookup import Lookup
 from .linker_offload import Offloader
 from .linker_pool import DevicePool
 from .linker_signals import SlotKeys
+from .metrics import MetricsExporter
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -102,6 +103,9 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.running: dict[int, Batch] = {}
         self.recompute_tokens: dict[str, int] = {}     # rid -> tail tokens past its restore
         self.counters = {"lookups": 0, "lookup_hit_pages": 0, "loads_refused": 0}
+        # the store's flatcake_* gauges in /metrics (--enable-metrics), at most once a second
+        self.metrics = MetricsExporter(bool(server_args.enable_metrics), str(self.store.root))
+        self.metrics_at = 0.0
         log.info("flatcake linker: store %s opened (%s, %d B per page, %s memory, %s)",
                  self.store.root, self.pool.layout.kind, self.pool.layout.block_bytes,
                  "host" if self.pool.device is None else self.pool.device.name,
@@ -187,6 +191,9 @@ class FlatCakeLinker(UnifiedCacheLinker):
         return True
 
     def num_completed_offloads(self) -> int:
+        if self.metrics.enabled and time.monotonic() - self.metrics_at >= 1.0:
+            self.metrics_at = time.monotonic()
+            self.metrics.export(self.store.stats())
         return self.offloader.num_completed()
 
     def pop_completed_offload(self) -> bool:
@@ -204,6 +211,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.layer_done_counter.reset()
         self.slot_keys.clear()
         self.recompute_tokens.clear()
+        self.metrics_at = 0.0                           # the next step exports the gauges
 
     def close(self) -> None:
         self.reset()
