@@ -101,7 +101,9 @@ def measured(server, prompt) -> dict:
     after = gauges(server)
     reads = {k: int(after.get(f"flatcake_{k}", 0) - before.get(f"flatcake_{k}", 0))
              for k in ("memory_blocks_read", "ssd_blocks_read")}
-    return {"ttft_s": t, "cached": {k: int(v) for k, v in details.items()}, **reads}
+    row = {"ttft_s": t, "cached": details, **reads}
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
 
 
 def run_mode(mode, model, work, a, delay) -> dict:
