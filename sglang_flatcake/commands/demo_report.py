@@ -122,10 +122,15 @@ def print_flatcake_counters(row: dict) -> None:
     print(f"flatcake blocks: memory {int(m.get('flatcake_blocks_memory', 0))}, "
           f"SSD {int(m.get('flatcake_blocks_ssd', 0))}; read commands "
           f"{int(m.get('flatcake_read_commands', 0))}")
-    print(f"restores into device KV slots: {int(m.get('flatcake_direct_flows', 0))}, "
-          f"{m.get('flatcake_direct_bytes_from_ssd', 0) / 2**20:.1f} MiB from SSD, "
-          f"{m.get('flatcake_direct_bytes_from_memory', 0) / 2**20:.1f} MiB from the arena; "
-          f"reads through SGLang's host pool: {int(m.get('flatcake_host_pool_gets', 0))}")
+    if row.get("backend") == "flatcake-linker":
+        print(f"linker: {row.get('restored_tokens', 0)} prompt tokens restored layer by layer "
+              f"into device KV slots; {m.get('flatcake_memory_blocks_read', 0):.0f} blocks read "
+              f"from the arena, {m.get('flatcake_ssd_blocks_read', 0):.0f} from SSD; no host pool")
+    else:
+        print(f"restores into device KV slots: {int(m.get('flatcake_direct_flows', 0))}, "
+              f"{m.get('flatcake_direct_bytes_from_ssd', 0) / 2**20:.1f} MiB from SSD, "
+              f"{m.get('flatcake_direct_bytes_from_memory', 0) / 2**20:.1f} MiB from the arena; "
+              f"reads through SGLang's host pool: {int(m.get('flatcake_host_pool_gets', 0))}")
     store = Path(row.get("store", ""))
     if store.is_dir() and next(store.rglob("flatcake.json"), None) is not None:
         print(f"store: {store}  (look inside: flatcake inspect {store})")
