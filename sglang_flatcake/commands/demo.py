@@ -15,10 +15,14 @@ measured.  While it waits it shows progress on stderr (the server's start stage
 and seconds, requests answered of sent).  Any rejected or failed request, or a
 server that does not start, fails the demo with the server's own one-line reason.
 
+``--backend`` picks the single demo's backend: ``flatcake-linker`` (SGLang's direct
+external linker, no host pool; the default) or ``flatcake`` (HiCache mode).
 ``--compare`` replays the same slice with the same server flags and host-pool
 size on ``none``, ``file``, ``mooncake`` (a real Mooncake Store; skipped with a
-line saying why when it is not installed) and ``flatcake``, and prints one table
-(``--json OUT``, ``--plot OUT.png``).  ``--model-path`` runs the same on a real
+line saying why when it is not installed), ``flatcake``, ``flatcake-linker`` and
+``mooncake-linker`` (not run: a row stating why SGLang 0.5.23's Mooncake linker cannot
+serve a Llama-style model), and prints one table (``--json OUT``, ``--plot OUT.png``)
+with each backend's host memory (``demo_memory``).  ``--model-path`` runs the same on a real
 model (a GPU server; extra server flags after ``--``).
 """
 
@@ -30,11 +34,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from .demo_memory import memory_fields
 from .demo_report import Progress, closing_sentence, print_flatcake_counters, print_table, plot
 from .server_calls import DemoFailure, backup_tokens, flush, prometheus  # noqa: F401
 
 ROW_KEYS = ("requests_sent", "requests_served", "output_tokens", "device_tokens", "host_tokens",
             "storage_tokens", "backup_tokens", "ttft_s_mean", "ttft_s_p99", "wall_s")
+# The linker by default: in one --compare run it restored more tokens than HiCache mode with
+# no host pool and a lower TTFT mean and P99 (docs/commands.md, docs/results.md).
+DEFAULT_BACKEND = "flatcake-linker"
+SINGLE_BACKENDS = ("flatcake", "flatcake-linker")
 
 
 def add_arguments(p) -> None:
@@ -53,9 +62,15 @@ def add_arguments(p) -> None:
                    help="device KV tokens of the CPU server (default 16384)")
     p.add_argument("--hicache-ratio", type=float, default=1.25,
                    help="host pool / device pool of the CPU server (default 1.25)")
+    p.add_argument("--backend", default=DEFAULT_BACKEND, choices=SINGLE_BACKENDS,
+                   help=f"flatcake's mode without --compare: flatcake (HiCache mode, SGLang's host "
+                        f"pool in front) or flatcake-linker (direct external linker, no host "
+                        f"pool); default {DEFAULT_BACKEND}")
     p.add_argument("--compare", action="store_true",
-                   help="the same replay on none, file, mooncake and flatcake, one table")
-    p.add_argument("--backends", help="comma list for --compare (default none,file,mooncake,flatcake)")
+                   help="the same replay on none, file, mooncake, flatcake, flatcake-linker "
+                        "(and a mooncake-linker row saying why it cannot run), one table")
+    p.add_argument("--backends", help="comma list for --compare (default none,file,mooncake,"
+                   "flatcake,flatcake-linker,mooncake-linker)")
     p.add_argument("--json", help="write the rows (one per backend) as JSON here")
     p.add_argument("--plot", help="write a PNG of the rows here")
     p.add_argument("--nodes", type=int, default=1, help="2: a session handed from node to node "
@@ -66,12 +81,14 @@ def add_arguments(p) -> None:
 
 
 def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=None) -> list[str]:
-    from .peers import backend_extra_config, extra_config_flag
+    from .peers import backend_extra_config, extra_config_flag, linker_flags
     from .server import cpu_server_args
     cfg = backend_extra_config(backend, str(store), mooncake_port)
     if args.model_path:
         out = ["--model-path", model, "--enable-cache-report", "--page-size", str(args.page_size)]
-        if backend != "none":
+        if backend == "flatcake-linker":
+            out += linker_flags(str(store))
+        elif backend != "none":
             out += ["--enable-hierarchical-cache", "--hicache-storage-backend", backend,
                     "--hicache-storage-prefetch-policy", "wait_complete"]
             out += (["--flatcake-store-dir", str(store)] if backend == "flatcake"
@@ -85,7 +102,7 @@ def server_args_for(args, backend: str, model: str, store: Path, mooncake_port=N
 
 def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
     """Start one server for ``backend``, replay ``--passes`` times, stop it; one row."""
-    from .peers import MooncakeMaster
+    from .peers import MOONCAKE_SEGMENT_BYTES, MooncakeMaster
     from .replay_client import replay, summarize
     from .server import ServerProcess
 
@@ -115,7 +132,11 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
         outcomes, passes, wall = [], [], 0.0
         for i in range(args.passes):
             if i:
-                if backend != "none":
+                if backend == "flatcake-linker":
+                    shown.done(f"[demo] {backend}: waiting for the offloads to the store to "
+                               f"land, then flushing the device cache")
+                    written_tokens(server, backend, args.page_size)
+                elif backend != "none":
                     shown.done(f"[demo] {backend}: waiting for the backups to storage to land, "
                                f"then flushing the device and host caches")
                     backup_tokens(server)      # a flush drops backups still queued: let them land
@@ -135,11 +156,15 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
             wall += res.wall_s
         shown.done(f"[demo] {backend}: reading the server's counters once the backups settle")
         row = {"backend": backend, "passes": args.passes, **summarize(outcomes, wall)}
-        row["backup_tokens"] = backup_tokens(server) if backend != "none" else 0
+        row["backup_tokens"] = written_tokens(server, backend, args.page_size)
+        row["restored_tokens"] = row["host_tokens"] + row["storage_tokens"]
         row["per_pass"] = passes
-        if backend == "flatcake":
-            row["flatcake"] = prometheus(server, "flatcake_")
+        metrics = prometheus(server, "flatcake_") if backend.startswith("flatcake") else {}
+        if metrics:
+            row["flatcake"] = metrics
             row["store"] = str(store)
+        row.update(memory_fields(backend, server.tail(1 << 22), model, metrics,
+                                 MOONCAKE_SEGMENT_BYTES))
         row["server_log"] = str(log)
         if args.keep_server:
             print(f"[demo] server left running at {server.url} (pid {server.proc.pid})")
@@ -167,7 +192,7 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from .peers import BACKENDS, mooncake_missing
+    from .peers import BACKENDS, mooncake_linker_unsupported, mooncake_missing
     from .replay_client import load_trace
     from .trace_slice import SLICE
 
@@ -182,9 +207,9 @@ def _run(args) -> int:
             raise DemoFailure(f"the longest request of {trace.name} needs {need} tokens but "
                               f"--max-total-tokens is {args.max_total_tokens}; raise it")
         model = str(tiny_model(max(16384, 1 << (need + 6 - 1).bit_length())))
-    backends = ["flatcake"]
+    backends = [args.backend]
     if args.compare and args.keep_server:
-        raise DemoFailure("--keep-server keeps the one flatcake server; it cannot go with --compare")
+        raise DemoFailure("--keep-server keeps the one demo server; it cannot go with --compare")
     if args.compare:
         backends = (args.backends or ",".join(BACKENDS)).split(",")
         unknown = [b for b in backends if b not in BACKENDS]
@@ -197,8 +222,14 @@ def _run(args) -> int:
             if why:
                 print(f"[demo] skipping mooncake: {why}", file=sys.stderr)
                 continue
+        if backend == "mooncake-linker":
+            why = mooncake_linker_unsupported() or ("this demo does not start SGLang's "
+                                                    "Mooncake linker on this SGLang version")
+            print(f"[demo] mooncake-linker: not run: {why}", file=sys.stderr)
+            rows.append({"backend": backend, "not_run": why})
+            continue
         rows.append(run_backend(args, backend, model, requests, work))
-    if not rows:
+    if not any("not_run" not in r for r in rows):
         raise DemoFailure(f"no backend left to run of {','.join(backends)}")
     print_table(rows)
     if not args.compare:
@@ -216,6 +247,27 @@ def _run(args) -> int:
     where.append(f"Logs and stores: {work}")
     print(closing_sentence(rows, args.passes, len(requests), where))
     return 0
+
+
+def written_tokens(server, backend: str, page_size: int) -> int:
+    """Tokens the backend has written to its store, once the count has settled: SGLang's
+    ``sglang:backuped_tokens_total`` in HiCache modes; in linker mode (no HiCache backups)
+    flatcake's blocks written to memory and SSD times the page size."""
+    if backend == "none":
+        return 0
+    if backend != "flatcake-linker":
+        return backup_tokens(server)
+    names = ("flatcake_memory_blocks_written", "flatcake_ssd_blocks_written")
+    last, since, deadline = None, time.time(), time.time() + 120
+    while time.time() < deadline:
+        m = prometheus(server, "flatcake_")
+        v = sum(m.get(n, 0.0) for n in names)
+        if v != last:
+            last, since = v, time.time()
+        elif time.time() - since >= 3.0:
+            break
+        time.sleep(0.5)
+    return int(last or 0) * page_size
 
 
 def tiny_model(max_positions: int) -> Path:

@@ -55,41 +55,63 @@ def closing_sentence(rows: list[dict], passes: int, requests: int, extra: list[s
     if len(rows) == 1:
         r = rows[0]
         prompt = r.get("prompt_tokens") or 0
-        share = f" ({r['storage_tokens'] / prompt:.0%} of all prompt tokens)" if prompt else ""
+        linker = r["backend"] == "flatcake-linker"      # its hits: SGLang's "host" tokens
+        back = r.get("restored_tokens", 0) if linker else r["storage_tokens"]
+        share = f" ({back / prompt:.0%} of all prompt tokens)" if prompt else ""
         ttft = r.get("ttft_s_mean")
         text = (f"flatcake demo: OK. A real SGLang server with the {r['backend']} backend served "
                 f"all {r['requests_served']} requests ({requests} x {passes} passes) with every "
-                f"output token; {r['storage_tokens']} prompt tokens came back from the storage "
-                f"tier{share}, {r['backup_tokens']} were written to it"
+                f"output token; {back} prompt tokens came back from "
+                f"{'flatcake (linker, no host pool)' if linker else 'the storage tier'}{share}, "
+                f"{r['backup_tokens']} were written to it"
                 + (f"; mean time to first token {ttft:.3f} s." if ttft is not None else "."))
     else:
-        per = ", ".join(f"{r['backend']} {r['storage_tokens']}" for r in rows)
-        ttft = ", ".join(f"{r['backend']} {r['ttft_s_mean']:.3f} s" for r in rows
+        ran = [r for r in rows if "not_run" not in r]
+        per = ", ".join(f"{r['backend']} {r['storage_tokens']}" for r in ran)
+        beyond = ", ".join(f"{r['backend']} {r['restored_tokens']}" for r in ran
+                           if "restored_tokens" in r)
+        ttft = ", ".join(f"{r['backend']} {r['ttft_s_mean']:.3f} s" for r in ran
                          if r.get("ttft_s_mean") is not None)
-        text = (f"flatcake demo: OK. Each of {len(rows)} backends served all {requests} x "
+        mem = ", ".join(f"{r['backend']} {r['host_memory_bytes'] / 2**20:.1f} MiB" for r in ran
+                        if "host_memory_bytes" in r)
+        text = (f"flatcake demo: OK. Each of {len(ran)} backends served all {requests} x "
                 f"{passes} requests with every output token; prompt tokens from the storage "
-                f"tier: {per}; mean time to first token: {ttft}.")
+                f"tier: {per}" + (f"; from beyond the device (host pool, linker or storage): "
+                                  f"{beyond}" if beyond else "")
+                + f"; mean time to first token: {ttft}" + (f"; host memory: {mem}." if mem else "."))
+        text += "".join(f" {r['backend']}: not run ({r['not_run']})." for r in rows
+                        if "not_run" in r)
     return " ".join([text, *extra])
 
 
+def mib(v) -> str | None:
+    return None if v is None else f"{v / 2**20:.1f}"
+
+
 def print_table(rows: list[dict]) -> None:
-    cols = [("backend", "backend", "{:<9}"), ("served", "requests_served", "{:>7}"),
+    cols = [("backend", "backend", "{:<15}"), ("served", "requests_served", "{:>7}"),
             ("sent", "requests_sent", "{:>5}"), ("out tok", "output_tokens", "{:>8}"),
             ("device", "device_tokens", "{:>8}"), ("host", "host_tokens", "{:>8}"),
             ("storage", "storage_tokens", "{:>8}"), ("backed up", "backup_tokens", "{:>9}"),
             ("TTFT mean", "ttft_s_mean", "{:>9}"), ("TTFT p99", "ttft_s_p99", "{:>9}"),
-            ("wall s", "wall_s", "{:>7}")]
+            ("wall s", "wall_s", "{:>7}"), ("pool MiB", "host_pool_bytes", "{:>8}"),
+            ("own MiB", "backend_host_bytes", "{:>7}"), ("host MiB", "host_memory_bytes", "{:>8}")]
     print("  ".join(fmt.format(title) for title, _, fmt in cols))
     for r in rows:
+        if "not_run" in r:
+            print(f"{r['backend']:<15}  not run: {r['not_run']}")
+            continue
         cells = []
         for _, key, fmt in cols:
             v = r.get(key)
-            if isinstance(v, float):
-                v = f"{v:.3f}"
+            v = mib(v) if key.endswith("_bytes") else f"{v:.3f}" if isinstance(v, float) else v
             cells.append(fmt.format("-" if v is None else v))
         print("  ".join(cells))
-    print("(tokens summed over every pass; device/host/storage: prompt tokens each tier served; "
-          "backed up: tokens written host -> storage, sglang:backuped_tokens_total)")
+    print("(tokens summed over every pass; device/host/storage: prompt tokens each tier served "
+          "(SGLang counts linker hits as host); backed up: tokens written to storage "
+          "(sglang:backuped_tokens_total; linker: flatcake's blocks written x page); host MiB: "
+          "SGLang's host pool (pool) + the backend's own (own: flatcake's arena in use, "
+          "mooncake's segment))")
 
 
 def print_flatcake_counters(row: dict) -> None:
@@ -100,10 +122,15 @@ def print_flatcake_counters(row: dict) -> None:
     print(f"flatcake blocks: memory {int(m.get('flatcake_blocks_memory', 0))}, "
           f"SSD {int(m.get('flatcake_blocks_ssd', 0))}; read commands "
           f"{int(m.get('flatcake_read_commands', 0))}")
-    print(f"restores into device KV slots: {int(m.get('flatcake_direct_flows', 0))}, "
-          f"{m.get('flatcake_direct_bytes_from_ssd', 0) / 2**20:.1f} MiB from SSD, "
-          f"{m.get('flatcake_direct_bytes_from_memory', 0) / 2**20:.1f} MiB from the arena; "
-          f"reads through SGLang's host pool: {int(m.get('flatcake_host_pool_gets', 0))}")
+    if row.get("backend") == "flatcake-linker":
+        print(f"linker: {row.get('restored_tokens', 0)} prompt tokens restored layer by layer "
+              f"into device KV slots; {m.get('flatcake_memory_blocks_read', 0):.0f} blocks read "
+              f"from the arena, {m.get('flatcake_ssd_blocks_read', 0):.0f} from SSD; no host pool")
+    else:
+        print(f"restores into device KV slots: {int(m.get('flatcake_direct_flows', 0))}, "
+              f"{m.get('flatcake_direct_bytes_from_ssd', 0) / 2**20:.1f} MiB from SSD, "
+              f"{m.get('flatcake_direct_bytes_from_memory', 0) / 2**20:.1f} MiB from the arena; "
+              f"reads through SGLang's host pool: {int(m.get('flatcake_host_pool_gets', 0))}")
     store = Path(row.get("store", ""))
     if store.is_dir() and next(store.rglob("flatcake.json"), None) is not None:
         print(f"store: {store}  (look inside: flatcake inspect {store})")
@@ -114,19 +141,27 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    rows = [r for r in rows if "not_run" not in r]
     names = [r["backend"] for r in rows]
     x = range(len(rows))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))
     w = 0.38
-    a.bar([i - w / 2 for i in x], [r["storage_tokens"] for r in rows], w, label="served from storage")
+    a.bar([i - w / 2 for i in x], [r["restored_tokens"] for r in rows], w,
+          label="served from host pool, linker or storage")
     a.bar([i + w / 2 for i in x], [r["backup_tokens"] for r in rows], w, label="backed up to storage")
     a.set(xticks=list(x), xticklabels=names, ylabel="tokens", title="storage tier: read vs written")
     b.bar([i - w / 2 for i in x], [r["ttft_s_mean"] or 0 for r in rows], w, label="mean")
     b.bar([i + w / 2 for i in x], [r["ttft_s_p99"] or 0 for r in rows], w, label="P99")
     b.set(xticks=list(x), xticklabels=names, ylabel="seconds", title="time to first token")
-    for ax in (a, b):
+    c.bar([i - w / 2 for i in x], [r["host_pool_bytes"] / 2**20 for r in rows], w,
+          label="SGLang host pool")
+    c.bar([i + w / 2 for i in x], [r["backend_host_bytes"] / 2**20 for r in rows], w,
+          label="backend's own (arena in use / segment)")
+    c.set(xticks=list(x), xticklabels=names, ylabel="MiB", title="host memory")
+    for ax in (a, b, c):
         ax.grid(alpha=0.3, axis="y")
-        ax.legend()
+        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", labelsize=8, rotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

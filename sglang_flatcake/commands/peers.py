@@ -2,7 +2,11 @@
 
 ``none`` (HiCache off), SGLang's ``file`` (one file per page), SGLang's
 ``mooncake`` against a real Mooncake Store (a ``mooncake_master`` started here,
-TCP, 512 MiB segment), and ``flatcake``.  Mooncake is optional (``pip install
+TCP, 512 MiB segment), ``flatcake`` (HiCache mode: SGLang's host pool in front),
+``flatcake-linker`` (SGLang's direct external linker, no host pool) and
+``mooncake-linker`` (SGLang's built-in Mooncake direct linker: it cannot serve a
+plain Llama-style model in SGLang 0.5.23, and ``mooncake_linker_unsupported`` says
+why; the demo shows the row with that reason).  Mooncake is optional (``pip install
 '.[peers]'`` plus Debian's ``libibverbs1 librdmacm1 libnuma1``);
 ``mooncake_missing()`` says why it cannot run, and callers skip it with that line.
 """
@@ -19,7 +23,23 @@ from pathlib import Path
 from .processes import Managed, wait_until
 from .server import free_port
 
-BACKENDS = ("none", "file", "mooncake", "flatcake")
+BACKENDS = ("none", "file", "mooncake", "flatcake", "flatcake-linker", "mooncake-linker")
+MOONCAKE_SEGMENT_BYTES = 512 << 20
+
+
+def mooncake_linker_unsupported(sglang_version: str | None = None) -> str | None:
+    """Why SGLang's Mooncake direct linker cannot serve the demo's (plain Llama) model, or
+    None where this demo does not know it to fail.  In 0.5.23 the built-in linkers build
+    their pool view with ``resolve_hybrid_device_pool_group``, whose plain-KV strategy has
+    no ``build_direct_linker_pool_group`` (only hybrid, DSA and V4 pools do)."""
+    if sglang_version is None:
+        from importlib.metadata import version
+        sglang_version = version("sglang")
+    if sglang_version.startswith("0.5.23"):
+        return (f"SGLang {sglang_version}'s Mooncake direct linker cannot serve a plain "
+                f"(Llama-style) MHA model: its pool view (resolve_hybrid_device_pool_group) "
+                f"has no direct-linker strategy for plain KV pools, only hybrid/DSA/V4 ones")
+    return None
 
 
 def mooncake_missing() -> str | None:
@@ -36,7 +56,7 @@ def mooncake_missing() -> str | None:
     return None
 
 
-def mooncake_extra_config(master_port: int, segment_bytes: int = 512 << 20) -> dict:
+def mooncake_extra_config(master_port: int, segment_bytes: int = MOONCAKE_SEGMENT_BYTES) -> dict:
     return {"master_server_address": f"127.0.0.1:{master_port}",
             "metadata_server": "P2PHANDSHAKE", "protocol": "tcp", "device_name": "",
             "global_segment_size": segment_bytes, "local_hostname": "127.0.0.1"}
@@ -92,3 +112,12 @@ class MooncakeMaster(Managed):
 
 def extra_config_flag(cfg: dict | None) -> list[str]:
     return [] if cfg is None else ["--hicache-storage-backend-extra-config", json.dumps(cfg)]
+
+
+def linker_flags(store_dir: str, extra_config: dict | None = None) -> list[str]:
+    """SGLang's flags that select flatcake as its direct external linker on ``store_dir``."""
+    config = {"linker": "FlatCakeLinker", "linker_module_path": "sglang_flatcake.sglang.linker",
+              "linker_extra_config": {"store_dir": store_dir, **(extra_config or {})}}
+    return ["--enable-unified-cache-external-linker",
+            "--unified-cache-external-linker-backend", "dynamic",
+            "--unified-cache-external-linker-config", json.dumps(config)]

@@ -41,8 +41,10 @@ from .linker_lookup import Lookup
 from .linker_offload import Offloader
 from .linker_pool import DevicePool
 from .linker_signals import SlotKeys
+from .metrics import MetricsExporter
 
 log = logging.getLogger("sglang_flatcake")
+RECOMPUTE_ENTRIES = 4096   # rids remembered between lookup and load (a request that never loads ages out)
 
 
 def _rank(params) -> tuple[int, int]:
@@ -107,6 +109,9 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.recompute_tokens: dict[str, int] = {}     # rid -> tail tokens past its restore
         self.counters = {"lookups": 0, "lookup_hit_pages": 0, "loads_refused": 0,
                          "loads_cancelled": 0, "load_tokens_cancelled": 0}   # queued, never read
+        # the store's flatcake_* gauges in /metrics (--enable-metrics), at most once a second
+        self.metrics = MetricsExporter(bool(server_args.enable_metrics), str(self.store.root))
+        self.metrics_at = 0.0
         log.info("flatcake linker: store %s opened (%s, %d B per page, %s memory, %s)",
                  self.store.root, self.pool.layout.kind, self.pool.layout.block_bytes,
                  "host" if self.pool.device is None else self.pool.device.name,
@@ -124,7 +129,10 @@ class FlatCakeLinker(UnifiedCacheLinker):
                                  sum(self.recompute_tokens.get(ld.rid, 0) for ld in ahead))
         self.counters["lookups"] += 1
         self.counters["lookup_hit_pages"] += found.pages
+        self.recompute_tokens.pop(rid, None)             # newest last: the oldest go first
         self.recompute_tokens[rid] = (found.tail - found.pages) * self.pool.page
+        while len(self.recompute_tokens) > RECOMPUTE_ENTRIES:   # looked up, never loaded
+            del self.recompute_tokens[next(iter(self.recompute_tokens))]
         self.admission.note(rid, found.ssd_pages * self.store.layout.block_bytes)
         return list(range(1, found.pages + 1))
 
@@ -158,6 +166,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
 
     def cancel_queued_load(self, rid: str) -> bool:
         ld = self.queued.pop(rid, None)
+        self.recompute_tokens.pop(rid, None)
         if ld is None:
             return False
         ld.lease.release()
@@ -198,6 +207,9 @@ class FlatCakeLinker(UnifiedCacheLinker):
         return True
 
     def num_completed_offloads(self) -> int:
+        if self.metrics.enabled and time.monotonic() - self.metrics_at >= 1.0:
+            self.metrics_at = time.monotonic()
+            self.metrics.export(self.store.stats())
         return self.offloader.num_completed()
 
     def pop_completed_offload(self) -> bool:
@@ -216,6 +228,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.slot_keys.clear()
         self.recompute_tokens.clear()
         self.admission.clear()
+        self.metrics_at = 0.0                           # the next step exports the gauges
 
     def close(self) -> None:
         self.reset()

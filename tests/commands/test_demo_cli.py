@@ -176,8 +176,9 @@ def test_the_demo_shows_progress_and_ends_saying_what_it_measured(tmp_path):
     assert "pass 2/2: 2 of 2 requests served" in r.stderr
     assert "Compute merges" not in r.stderr and "Traceback" not in r.stderr
     last = r.stdout.strip().splitlines()[-1]
-    assert last.startswith("flatcake demo: OK. A real SGLang server with the flatcake backend "
-                           "served all 4 requests (2 x 2 passes)"), last
+    assert last.startswith(f"flatcake demo: OK. A real SGLang server with the "
+                           f"{demo.DEFAULT_BACKEND} backend served all 4 requests (2 x 2 "
+                           f"passes)"), last
     assert f"Rows (JSON): {out}." in last and out.is_file()
 
 

@@ -217,25 +217,40 @@ def test_restored_pages_are_not_backed_up_again(model, tmp_path):
 
 
 def test_demo_compare_rows_per_backend_at_small_scale(tmp_path):
-    """``flatcake demo --compare`` on none, file, mooncake (when installed) and flatcake."""
-    from sglang_flatcake.commands.peers import mooncake_missing
+    """``flatcake demo --compare`` on none, file, mooncake (when installed), flatcake and
+    flatcake-linker, with a mooncake-linker row that says why it cannot run."""
+    from sglang_flatcake.commands.peers import mooncake_linker_unsupported, mooncake_missing
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     r = flatcake_demo("--compare", "--num-requests", "4", "--passes", "2", "--json", str(out),
-                      "--plot", str(png), timeout=2400)
+                      "--plot", str(png), timeout=3000)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = {x["backend"]: x for x in json.loads(out.read_text())["rows"]}
     missing = mooncake_missing()
-    want = ["none", "file", "flatcake"] if missing else ["none", "file", "mooncake", "flatcake"]
+    want = ["none", "file", "flatcake", "flatcake-linker", "mooncake-linker"]
+    if not missing:
+        want.insert(2, "mooncake")
     assert list(rows) == want
     if missing:
         assert f"skipping mooncake: {missing}" in r.stderr
+    why = mooncake_linker_unsupported()
+    assert rows.pop("mooncake-linker") == {"backend": "mooncake-linker", "not_run": why}
+    assert f"mooncake-linker  not run: {why}" in r.stdout
     for x in rows.values():
         assert x["requests_served"] == x["requests_sent"] == 8, x
         assert x["output_tokens"] == rows["none"]["output_tokens"] > 0
         assert x["ttft_s_mean"] > 0 and x["ttft_s_p99"] >= x["ttft_s_mean"]
+        assert x["host_memory_bytes"] == x["host_pool_bytes"] + x["backend_host_bytes"]
     assert rows["none"]["storage_tokens"] == 0 and rows["flatcake"]["storage_tokens"] > 0
+    assert rows["none"]["host_memory_bytes"] == 0
+    fc, lk = rows["flatcake"], rows["flatcake-linker"]
+    # HiCache mode allocates SGLang's host pool (1.25 x the 16384-token device pool)
+    assert fc["host_pool_tokens"] >= 1.25 * 16384 and fc["host_pool_bytes"] > 0
+    # linker mode: no host pool; its hits are what SGLang reports as host tokens
+    assert lk["host_pool_bytes"] == 0 and lk["storage_tokens"] == 0
+    assert lk["host_tokens"] > 0 and lk["backup_tokens"] > 0 and lk["flatcake"]
+    assert lk["host_memory_bytes"] < fc["host_memory_bytes"]
     if not missing:
-        fc, mc = rows["flatcake"], rows["mooncake"]
+        mc = rows["mooncake"]
         assert mc["storage_tokens"] > 0
         assert fc["storage_tokens"] >= mc["storage_tokens"], (fc, mc)
         assert fc["backup_tokens"] <= 1.05 * mc["backup_tokens"], (fc, mc)

@@ -30,7 +30,8 @@ from tests.support import chain, extend  # noqa: E402
 PAGE, LAYERS, HEADS, DIM, SLOTS = 4, 3, 2, 8, 512
 
 
-ARGS = SimpleNamespace(model_path="tiny", served_model_name=None)   # the ServerArgs fields read
+ARGS = SimpleNamespace(model_path="tiny", served_model_name=None,
+                       enable_metrics=False)   # the ServerArgs fields read
 
 
 class Server:
