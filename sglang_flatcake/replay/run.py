@@ -37,7 +37,7 @@ from .traces import FORMATS, Trace, arrivals
 BUNDLED = "weka_claude_code_slice.tar.xz"
 # the server's default (``FlatCakeConfig.prefetch_budget_bytes``), so the replay models it
 PREFETCH_BUDGET_GB = {f.name: f.default for f in fields(FlatCakeConfig)}["prefetch_budget_bytes"] / 1e9
-DEFAULT_SYSTEMS = "flatcake,flatcake-linker,flatcake-single-queue,tiered-lru,mooncake-fifo,memory-only,sglang-file"
+DEFAULT_SYSTEMS = "flatcake,flatcake-single-queue,flatcake-linker,tiered-lru,mooncake-fifo,memory-only,sglang-file"
 
 
 def bundled_trace() -> Path:
