@@ -7,7 +7,9 @@ the SSD waits for a restore slot (policy order), then for its restore; a ready
 request waits for one of ``max_prefills`` prefill slots (policy order).
 Prefill time = host-to-device copy of the delivered blocks that come from host
 memory + recomputed tokens / prefill tokens per second, so
-TTFT = queueing + restore + recompute.  After the prefill the request's blocks
+TTFT = queueing + restore + recompute.  A ``layer_wise`` system (flatcake-linker) reads
+its SSD part inside the prefill instead, so its prefill ends at ``layerwise.pipeline_end``
+of the read and the compute, the GPU held throughout.  After the prefill the request's blocks
 are written (write-through), then its successors in the conversation may come.
 
 With a system that can decline a restore (flatcake with ``recompute_when_faster``)
@@ -23,6 +25,7 @@ from typing import Callable
 
 from ..placement import WriteSignals
 from .clock import EventLoop
+from .layerwise import pipeline_end
 from .policy import Policy
 from .recompute import ReplayDecision
 from .sizes import GIB, GpuPreset
@@ -86,6 +89,7 @@ class Replayer:
         self._done = 0
         self._last_report = 0.0
         self.decision = ReplayDecision.for_system(system, policy, gpu, trace.block_tokens)
+        self.layers = system.ctx.sizing.model.layers if system.ctx is not None else 1
 
     def run(self) -> list[RequestState]:
         """Replay every request; returns their states in trace order."""
@@ -151,10 +155,25 @@ class Replayer:
             self.system.begin_prefill(rs)
             r = rs.req
             recompute = max(0, r.input_tokens - rs.delivered * self.trace.block_tokens)
-            dur = rs.h2d_full_bytes / (self.gpu.h2d_gib_s * GIB) + recompute / self.gpu.prefill_tps
+            h2d = rs.h2d_full_bytes / (self.gpu.h2d_gib_s * GIB)
+            compute = recompute / self.gpu.prefill_tps
             self._running += 1
-            self.loop.after(dur, self._prefilled, rs)
+            if self.system.layer_wise:
+                self.loop.after(h2d, self._read_layers, rs, compute)
+            else:
+                self.loop.after(h2d + compute, self._prefilled, rs)
             self._pump_restores()     # a policy may let a restore start once the head has moved
+
+    def _read_layers(self, rs: RequestState, compute_s: float) -> None:
+        """Layer-wise systems, once the memory pages are on the device: the SSD part is read
+        while the prefill runs, layer l's prefill waiting for layer l (``layerwise``)."""
+        t0 = self.loop.now
+
+        def landed() -> None:
+            end = pipeline_end(t0, t0, self.loop.now - t0, compute_s, self.layers)
+            self.loop.at(end, self._prefilled, rs)
+        if not self.system.read_layers(rs, landed):
+            self.loop.after(compute_s, self._prefilled, rs)
 
     def _prefilled(self, rs: RequestState) -> None:
         now = self.loop.now

@@ -37,7 +37,7 @@ from .traces import FORMATS, Trace, arrivals
 BUNDLED = "weka_claude_code_slice.tar.xz"
 # the server's default (``FlatCakeConfig.prefetch_budget_bytes``), so the replay models it
 PREFETCH_BUDGET_GB = {f.name: f.default for f in fields(FlatCakeConfig)}["prefetch_budget_bytes"] / 1e9
-DEFAULT_SYSTEMS = "flatcake,flatcake-single-queue,tiered-lru,mooncake-fifo,memory-only,sglang-file"
+DEFAULT_SYSTEMS = "flatcake,flatcake-single-queue,flatcake-linker,tiered-lru,mooncake-fifo,memory-only,sglang-file"
 
 
 def bundled_trace() -> Path:
@@ -181,7 +181,8 @@ class Setup:
         mem, ssd, staging = self.budgets(trace)[3:]
         ctx = SystemContext(loop, disk, self.disk_model, self.sizing, mem, ssd, staging, root,
                             a.seed, a.chunk_blocks, a.streams, a.io_threads,
-                            prefetch_budget_bytes=self.budget, flatcake=over)
+                            prefetch_budget_bytes=self.budget, flatcake=over,
+                            prefill_tps=self.gpu.prefill_tps)
         system = make_system(name)
         t0 = time.monotonic()
 

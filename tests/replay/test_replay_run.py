@@ -72,7 +72,7 @@ def test_same_seed_same_rows(tmp_path):
 
 
 def test_errors_are_clear(tmp_path):
-    with pytest.raises(FlatCakeError, match="valid: flatcake, flatcake-single-queue, tiered-lru"):
+    with pytest.raises(FlatCakeError, match="valid: flatcake, flatcake-single-queue, flatcake-linker, tiered-lru"):
         replay_run.run(args_for(tmp_path, "--systems", "flatcake,nope"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{oops\n')

@@ -28,7 +28,8 @@ def test_deadline_is_arrival_plus_aging_times_own_restore_time():
 
 def test_a_small_restore_overtakes_only_within_the_bound():
     c = Clock()
-    q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.5, restore_bytes_per_s=GB)
+    q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.5, restore_bytes_per_s=GB,
+                       serial=False)         # the order alone (the gate: test_queues_share)
     q.arrive("large", 0, 8 * GB)                          # deadline 4
     c.t = 3.0
     q.arrive("early", 1, GB)                              # deadline 3.5 < 4: may go first
@@ -39,7 +40,7 @@ def test_a_small_restore_overtakes_only_within_the_bound():
 
 def test_aging_zero_is_first_come_first_served():
     c = Clock()
-    q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.0)
+    q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.0, serial=False)
     for i, (rid, size) in enumerate([("a", 9), ("b", 1), ("c", 5)]):
         c.t = float(i)
         q.arrive(rid, i, size * GB)
@@ -202,7 +203,7 @@ def test_leaving_while_preparing_frees_the_place():
 
 def test_limit_caps_how_many_start_at_once():
     c = Clock()
-    q = TwoQueuePolicy(c, budget_bytes=10 * GB)
+    q = TwoQueuePolicy(c, budget_bytes=10 * GB, serial=False)
     for i, rid in enumerate("abc"):
         q.arrive(rid, i, GB)
     assert q.start_prefetches(limit=0) == []

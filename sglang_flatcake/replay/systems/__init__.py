@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from .base import DataPool, IoCounters, RequestState, System, SystemContext
 from .flatcake import FlatCake, FlatCakeSingleQueue
+from .linker import FlatCakeLinker
 from .sglang_file import SglangFile, unavailable_reason
 from .tiered import MemoryOnly, MooncakeFIFO, TieredLRU
 
 SYSTEMS: dict[str, type[System]] = {
     "flatcake": FlatCake,
     "flatcake-single-queue": FlatCakeSingleQueue,
+    "flatcake-linker": FlatCakeLinker,
     "tiered-lru": TieredLRU,
     "mooncake-fifo": MooncakeFIFO,
     "memory-only": MemoryOnly,
@@ -34,6 +36,6 @@ def make_system(name: str) -> System:
     return SYSTEMS[name]()
 
 
-__all__ = ["SYSTEMS", "DataPool", "FlatCake", "FlatCakeSingleQueue", "IoCounters", "MemoryOnly",
+__all__ = ["SYSTEMS", "DataPool", "FlatCake", "FlatCakeLinker", "FlatCakeSingleQueue", "IoCounters", "MemoryOnly",
            "MooncakeFIFO", "RequestState", "SglangFile", "System", "SystemContext", "TieredLRU",
            "make_system", "parse_systems", "unavailable_reason"]

@@ -95,6 +95,7 @@ class SystemContext:
     bucket_blocks: int | None = None   # mooncake-fifo bucket size (None: Mooncake's, full size)
     prefetch_budget_bytes: float | None = None   # flatcake: restore bytes in flight (full size)
     flatcake: dict = field(default_factory=dict)  # flatcake: ``flags.overrides`` (full-size bytes)
+    prefill_tps: float = 0.0      # the GPU preset's (flatcake-linker's recompute cut; 0: never cut)
 
 
 class DataPool:
@@ -123,6 +124,7 @@ class System(abc.ABC):
     prefetch_budget: float | None = None # full-size restore bytes in flight; None = no cap
     wants_refcounts: bool = False        # the replayer computes per-block refcounts only if set
     same_as: str | None = None           # this system is ``same_as`` under another ``policy``
+    layer_wise: bool = False             # reads its SSD part inside the prefill (``read_layers``)
 
     def __init__(self) -> None:
         self.io = IoCounters()
@@ -154,6 +156,12 @@ class System(abc.ABC):
 
     @abc.abstractmethod
     def begin_prefill(self, rs: RequestState) -> None: ...
+
+    def read_layers(self, rs: RequestState, landed: Callable[[], None]) -> bool:
+        """Layer-wise systems, at the start of ``rs``'s prefill (after its memory pages
+        were copied): start reading its SSD part and call ``landed()`` once, when the last
+        layer has landed; False (the default) when there is nothing to read."""
+        return False
 
     @abc.abstractmethod
     def write(self, rs: RequestState, signals) -> None: ...
