@@ -29,28 +29,22 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sglang_flatcake.commands.processes import wait_until  # noqa: E402
 from sglang_flatcake.commands.server import ServerProcess, cpu_server_args  # noqa: E402
-from sglang_flatcake.commands.server_calls import flush  # noqa: E402
+from sglang_flatcake.commands.server_calls import (  # noqa: E402
+    flush, generate, prompt_ids as ids, stored_blocks)
 from sglang_flatcake.commands.tiny_model import build_tiny_llama  # noqa: E402
 
 PAGE = 16
 DELAY_ENV = "FLATCAKE_TEST_SSD_DELAY_S_PER_MIB"
 
 
-def ids(n: int, seed: int) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(2, 400, size=n)]
-
-
 def ttft(server, prompt) -> tuple[float, dict]:
     """Seconds to the first token (one new token, no stream) and SGLang's cache report."""
     t = time.perf_counter()
-    r = server.post("/generate", {"input_ids": prompt, "sampling_params": {
-        "temperature": 0, "max_new_tokens": 1, "ignore_eos": True}})
+    r = generate(server, prompt, new_tokens=1, logprob=False)
     return time.perf_counter() - t, r["meta_info"].get("cached_tokens_details") or {}
 
 
@@ -61,16 +55,6 @@ def server_args(mode: str, model: str, store: Path) -> list[str]:
                            max_total_tokens=16384)
 
 
-def stored_pages(store: Path) -> int:
-    from sglang_flatcake.store import FlatCakeStore
-    total = 0
-    for manifest in store.rglob("flatcake.json"):
-        st = FlatCakeStore.open_existing(manifest.parent)
-        total += sum(s.n_blocks for s in st.sessions.values())
-        st.close()
-    return total
-
-
 def run_mode(mode, model, work, history, suffixes, delay, log_dir) -> dict:
     store = work / f"store-{mode}"
     env = {DELAY_ENV: str(delay)} if delay else {}
@@ -79,7 +63,7 @@ def run_mode(mode, model, work, history, suffixes, delay, log_dir) -> dict:
                        log_path=str(log_dir / f"{mode}.log")) as s:
         t, _ = ttft(s, history)                      # turn 1: computed, stored (SSD)
         out["history_uncached_s"] = t
-        wait_until(lambda: stored_pages(store) >= len(history) // PAGE, 300, "H to be stored")
+        wait_until(lambda: stored_blocks(store) >= len(history) // PAGE, 300, "H to be stored")
         for suf in suffixes:
             flush(s)
             t, details = ttft(s, history + suf)

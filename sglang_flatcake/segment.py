@@ -11,6 +11,8 @@ torn: a scan (``scan_segments``) stops there and drops it and everything after i
 
 from __future__ import annotations
 
+import logging
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -24,6 +26,11 @@ from .errors import IOEngineError, NotStoredError
 from .io.base import IOEngine
 from .layout import HEADER_FIXED_BYTES, KVLayout, SegmentGeometry, header_bytes
 from .sessions import Segment
+
+log = logging.getLogger("sglang_flatcake")
+# test hook (never set in production): seconds per MiB of data to wait between a segment's
+# data and its header, logged first, so a test can kill the writer with a torn segment on disk
+COMMIT_DELAY_ENV = "FLATCAKE_TEST_SSD_WRITE_DELAY_S_PER_MIB"
 
 SEGMENT_MAGIC = b"FCSEG\x00\x00\x01"
 _FIXED = struct.Struct("<8sIIIIIIQQQIIQQd")
@@ -153,6 +160,7 @@ def write_segment_at(engine: IOEngine, path: str, offset: int, geo: SegmentGeome
         engine.write(path, offset + geo.header_bytes, data)
         if durable:
             engine.sync(path)
+        _test_commit_delay(path, offset, geo)
         engine.write(path, offset, hdr.encode(lay, geo.alignment))
         if durable:
             engine.sync(path)
@@ -160,3 +168,14 @@ def write_segment_at(engine: IOEngine, path: str, offset: int, geo: SegmentGeome
         raise NotStoredError(f"segment write to {path} at {offset} failed: {e}") from None
     off = offset if logical_offset is None else logical_offset
     return Segment(off, geo, hdr.digests, hdr.checksums, hdr.seq, hdr.turn, first_pos)
+
+
+def _test_commit_delay(path: str, offset: int, geo: SegmentGeometry) -> None:
+    """``COMMIT_DELAY_ENV`` set: log that the segment's data is written and its header is
+    not, then wait; a no-op when unset."""
+    per_mib = float(os.environ.get(COMMIT_DELAY_ENV, "0") or 0)
+    if per_mib > 0:
+        wait = per_mib * geo.data_bytes / (1 << 20)
+        log.warning("flatcake: test hook %s: segment of %d blocks at %s+%d: data written, "
+                    "header in %.1fs", COMMIT_DELAY_ENV, geo.n_blocks, path, offset, wait)
+        time.sleep(wait)

@@ -1,13 +1,19 @@
-"""What the demos ask of a running SGLang server over HTTP: ``/metrics`` sums, the backup
-count once it has settled, ``/flush_cache`` until accepted; ``DemoFailure`` for a demo that
-cannot go on (its message is one line a user can act on)."""
+"""What the demos, benchmarks and real-server tests ask of a running SGLang server over HTTP:
+``/metrics`` sums, the backup count once it has settled, ``/flush_cache`` until accepted,
+a greedy ``/generate`` with its logprobs and cache report; what a store directory holds
+(``stored_blocks``, read offline while the server runs); seeded prompts (``prompt_ids``).
+``DemoFailure`` for a demo that cannot go on (its message is one line a user can act on)."""
 
 from __future__ import annotations
 
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
+import numpy as np
+
+from ..store import FlatCakeStore
 from .processes import wait_until
 
 
@@ -61,3 +67,40 @@ def flush(server, timeout: float = 120) -> None:
         wait_until(accepted, timeout, "SGLang to accept /flush_cache", every=1.0)
     except TimeoutError:
         raise DemoFailure(f"/flush_cache refused for {timeout}s: HTTP 400") from None
+
+
+def prompt_ids(n: int, seed: int) -> list[int]:
+    """``n`` token ids drawn from ``[2, 400)`` with ``seed`` (inside the tiny model's vocabulary)."""
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.integers(2, 400, size=n)]
+
+
+def generate(server, ids: list[int], new_tokens: int = 4, logprob: bool = True) -> dict:
+    """POST /generate: greedy, exactly ``new_tokens`` new tokens (EOS ignored); the answer."""
+    return server.post("/generate", {
+        "input_ids": ids, "return_logprob": logprob,
+        "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}})
+
+
+def logprobs(resp: dict) -> np.ndarray:
+    """The logprob of each new token of a ``generate(..., logprob=True)`` answer."""
+    return np.array([t[0] for t in resp["meta_info"]["output_token_logprobs"]])
+
+
+def cached_tokens(resp: dict, where: str) -> int:
+    """Prompt tokens SGLang's cache report credits to ``where`` (``device``, ``host``,
+    ``storage``; linker hits are reported as ``host``); 0 when the report has no such key."""
+    return int((resp["meta_info"].get("cached_tokens_details") or {}).get(where, 0))
+
+
+def stored_blocks(store_dir) -> int:
+    """Blocks every store under ``store_dir`` (one per rank) holds on SSD, as an offline
+    reader sees them (``FlatCakeStore.open_existing``; the server may be writing)."""
+    total = 0
+    for manifest in Path(store_dir).rglob("flatcake.json"):
+        st = FlatCakeStore.open_existing(manifest.parent)
+        try:
+            total += sum(s.n_blocks for s in st.sessions.values())
+        finally:
+            st.close()
+    return total

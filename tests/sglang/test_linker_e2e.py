@@ -10,9 +10,12 @@ trap of flush-and-repeat: the slots may still hold the right KV).
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import urllib.error
 
 import numpy as np
@@ -23,7 +26,10 @@ pytest.importorskip("transformers")
 
 from sglang_flatcake.commands.processes import wait_until  # noqa: E402
 from sglang_flatcake.commands.server import ServerProcess, cpu_server_args  # noqa: E402
+from sglang_flatcake.commands.server_calls import (  # noqa: E402
+    cached_tokens, generate, logprobs, prompt_ids, stored_blocks)
 from sglang_flatcake.commands.tiny_model import build_tiny_llama  # noqa: E402
+from sglang_flatcake.segment import COMMIT_DELAY_ENV  # noqa: E402
 from sglang_flatcake.store import FlatCakeStore  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -35,38 +41,14 @@ def linker_args(model: str, store_dir, **extra) -> list[str]:
                            extra_config=extra)
 
 
-def prompt_ids(n: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [int(x) for x in rng.integers(2, 400, size=n)]
-
-
-def generate(server, ids, new_tokens=4):
-    return server.post("/generate", {
-        "input_ids": ids, "return_logprob": True,
-        "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}})
-
-
-def logprobs(resp):
-    return np.array([t[0] for t in resp["meta_info"]["output_token_logprobs"]])
-
-
 def from_linker(resp) -> int:
     """Prompt tokens SGLang credits to the linker (it reports linker hits as ``host``)."""
-    return int((resp["meta_info"].get("cached_tokens_details") or {}).get("host", 0))
+    return cached_tokens(resp, "host")
 
 
 def rank_store(store_dir):
     (manifest,) = list(store_dir.rglob("flatcake.json"))
     return manifest.parent
-
-
-def stored_blocks(store_dir) -> int:
-    total = 0
-    for manifest in store_dir.rglob("flatcake.json"):
-        st = FlatCakeStore.open_existing(manifest.parent)
-        total += sum(s.n_blocks for s in st.sessions.values())
-        st.close()
-    return total
 
 
 def page_keys(ids) -> list[str]:
@@ -157,3 +139,55 @@ def test_a_bad_linker_extra_config_value_stops_the_launch_with_one_line(model, t
     assert lines[-1].startswith("error: linker_extra_config.high_watermark=1.7 is not allowed"), \
         r.stderr[-3000:]
     assert "Traceback" not in r.stderr
+
+
+START_S = 1200      # a start has taken over 600 s on the shared 2-core machine under load
+PENDING = re.compile(r"segment of (\d+) blocks at \S+: data written, header in ([\d.]+)s")
+
+
+def test_kill_9_while_offloading_then_restart_gives_the_same_answers(model, tmp_path):
+    """``kill -9`` of the server's process group while a segment is half committed (its
+    data written, its header not: ``FLATCAKE_TEST_SSD_WRITE_DELAY_S_PER_MIB`` holds the
+    writer there and logs it) and another offload is queued behind it.  A new server on the
+    same store recovers it: the committed prompt P0 is served from the linker into poisoned
+    slots, the torn tail of P1 (which extends P0) and the never-written P2 are recomputed,
+    and every answer has the logprobs of the first, uncached one."""
+    p0 = prompt_ids(160, 41)                      # 10 pages: 0.08 MiB, held 8 s
+    p1 = p0 + prompt_ids(960, 42)                 # 60 more: 0.47 MiB, held 47 s
+    p2 = prompt_ids(320, 43)
+    store, log1, log2 = tmp_path / "store", tmp_path / "s1.log", tmp_path / "s2.log"
+    args = linker_args(model, store, memory_bytes=0)          # every page to the SSD
+    s = ServerProcess(args, log_path=str(log1), env={COMMIT_DELAY_ENV: "100"})
+    s.start(timeout=START_S)
+    try:
+        first = {"p0": generate(s, p0)}
+        wait_until(lambda: stored_blocks(store) >= len(p0) // PAGE, 120, "P0 to be stored")
+        before = len(PENDING.findall(log1.read_text()))
+        kept = stored_blocks(store)                 # P0's pages (and the warm-up's, if any)
+        first["p1"] = generate(s, p1)
+        held = wait_until(lambda: PENDING.findall(log1.read_text())[before:], 120,
+                          "P1's segment data to be written")
+        seen = time.monotonic()
+        first["p2"] = generate(s, p2)             # its offload queues behind P1's
+        pending = PENDING.findall(log1.read_text())
+        assert held[0][0] == str(len(p1) // PAGE - len(p0) // PAGE), held
+        assert len(pending) == before + 1, pending          # P2 not written yet
+        assert time.monotonic() - seen < 0.5 * float(held[0][1]), held   # P1 still torn
+    finally:
+        os.killpg(s.proc.pid, signal.SIGKILL)
+        s.proc.wait(timeout=60)
+    assert all(from_linker(r) == 0 for r in first.values())
+    assert stored_blocks(store) == kept, PENDING.findall(log1.read_text())   # P1 torn, P2 unwritten
+    env = {"FLATCAKE_TEST_POISON_LOAD_SLOTS": "1"}
+    s = ServerProcess(args, log_path=str(log2), env=env)
+    try:
+        s.start(timeout=START_S)
+        again = {"p1": generate(s, p1), "p2": generate(s, p2), "p0": generate(s, p0)}
+    finally:
+        s.stop()
+    assert from_linker(again["p1"]) == len(p0), again["p1"]["meta_info"]   # not the torn tail
+    assert from_linker(again["p2"]) == 0, again["p2"]["meta_info"]
+    for k in first:
+        assert np.allclose(logprobs(again[k]), logprobs(first[k]), atol=1e-4, rtol=0), k
+    opened = [x for x in log2.read_text().splitlines() if "flatcake linker: store" in x]
+    assert opened and f"'blocks': {kept}" in opened[0], opened
