@@ -142,8 +142,9 @@ def test_demo_serves_every_request_of_the_slice(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["requests_sent"] == row["requests_served"] == len(rows)
     assert row["output_tokens"] == sum(x["output_length"] for x in rows)
-    assert row["storage_tokens"] > 0 and row["backup_tokens"] > 0
-    assert "flatcake placements" in r.stdout
+    assert row["backend"] == "flatcake-linker"          # the default mode (docs/results.md)
+    assert row["restored_tokens"] > 0 and row["backup_tokens"] > 0
+    assert "flatcake placements" in r.stdout and "restored layer by layer" in r.stdout
 
 
 def test_demo_prints_the_servers_one_line_error(tmp_path):
@@ -151,7 +152,7 @@ def test_demo_prints_the_servers_one_line_error(tmp_path):
                         "--flatcake-high-watermark", "1.7", timeout=600)
     assert bad.returncode == 1, bad.stderr[-2000:]
     last = bad.stderr.strip().splitlines()[-1]
-    assert last.startswith("flatcake demo: error: the flatcake server did not start: error: "
+    assert last.startswith("flatcake demo: error: the flatcake-linker server did not start: error: "
                            "--flatcake-high-watermark=1.7"), bad.stderr[-2000:]
     assert "Traceback" not in bad.stderr
     blocker = tmp_path / "a-file"
