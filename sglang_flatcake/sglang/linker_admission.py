@@ -191,11 +191,10 @@ def admission_of(tree_cache) -> LinkerAdmission | None:
     """The ``LinkerAdmission`` of the tree's ``FlatCakeLinker``; None in HiCache mode, without
     a tree, or with another linker."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-    from .linker import FlatCakeLinker
     if not isinstance(tree_cache, UnifiedRadixCache) or tree_cache.linker is None:
         return None
-    linker = tree_cache.linker.cache_linker
-    return linker.admission if isinstance(linker, FlatCakeLinker) else None
+    adm = getattr(tree_cache.linker.cache_linker, "admission", None)   # FlatCakeLinker's own
+    return adm if isinstance(adm, LinkerAdmission) else None
 
 
 def _calc_priority_after(result, policy, waiting_queue, *a, **kw):
