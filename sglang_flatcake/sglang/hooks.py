@@ -225,6 +225,9 @@ KEPT_DEFAULTS: tuple[tuple[str, str, str], ...] = (
      "launch first (`Scheduler.disaggregation_mode` in MEMBERS)"),
     ("direct:DirectRestorer.supported", "getattr(mode, 'name', str(mode))",
      "the mode is SGLang's `DisaggregationMode` enum, which always has a name"),
+    ("linker_admission:admission_of", "getattr(tree_cache.linker.cache_linker, 'admission', None)",
+     "another linker (SGLang's mooncake or mori, or a user's) has no `admission`; None says "
+     "the admission hooks leave it alone; a FlatCakeLinker's is checked by its type"),
 )
 
 
