@@ -2,17 +2,20 @@
 
     python benchmarks/sglang_clients.py [--backends none,file,flatcake,flatcake-linker]
         [--max-requests 20] [--max-blocks 24] [--max-output 16] [--slowdown 1.0]
-        [--load cpu,disk] [--json OUT] [--table OUT.md] [--work-dir DIR]
+        [--load cpu,disk] [--rounds 3] [--json OUT] [--table OUT.md] [--work-dir DIR]
     python benchmarks/sglang_clients.py --from-raw DIR [--json OUT] [--table OUT.md]
 
 For each backend (``none``: no cache beyond the device; ``file`` and ``flatcake``:
 HiCache storage backends; ``flatcake-linker``: flatcake as SGLang's direct external
-linker) it starts a CPU server with the tiny random Llama (``tiny_model``) and runs, as a
+linker) it starts a CPU server with the tiny random Llama (``tiny_model``).  All servers
+are started first and kept up side by side, each paused (SIGSTOP) but the one a client
+talks to, so that the backends' passes interleave under the same load; against each, as a
 user would:
 
 1. ``python -m sglang.bench_serving --backend sglang --dataset-name mooncake
-   --dataset-path TRACE --cache-report --output-details`` twice, with ``/flush_cache``
-   between the passes (pass 1 stores, pass 2 can restore from storage).  TRACE is the
+   --dataset-path TRACE --cache-report --output-details``: pass 1 (it stores), then
+   ``--rounds`` rounds of pass 2 (it can restore from storage), every backend once per round
+   in an order rotated each round, with ``/flush_cache`` before every pass.  TRACE is the
    first ``--max-requests`` requests of the Mooncake conversation trace
    (``/work/shared/traces/`` or ``--trace``), each cut to ``--max-blocks`` blocks and
    ``--max-output`` output tokens so that its prompt (``bench_serving`` writes 128 "hi"
@@ -22,14 +25,15 @@ user would:
    the wheel's is ``sglang.test.kits.cache_hit_kit.run_multiturn_cache_hit_test``) at
    small scale, its prompts drawn from a local ShareGPT-format file.
 
-``--load cpu,disk`` runs background load during the clients (not the server start):
+``--load cpu,disk`` runs background load during the clients (not the server starts):
 ``cpu``: ``--cpu-procs`` busy processes; ``disk``: a writer that writes 4 MiB and
-``fsync``s, again and again, in the store's filesystem.
+``fsync``s, again and again, in the stores' filesystem.
 
 Per backend and pass: mean and P99 TTFT, tokens from the cache (device, host, storage:
-the cache report), prefill tokens computed (prompt tokens less cached ones).  Prints one
-JSON line (ratios to ``none``, measured in the same run) and writes ``--json`` and a
-markdown ``--table``.  Every client's raw output is kept in the work directory;
+the cache report), prefill tokens computed (prompt tokens less cached ones); pass 2 is the
+round with the median mean TTFT, every round's figures beside.  Prints one JSON line
+(ratios to ``none``; pass 2's is the median over rounds of the within-round ratio) and
+writes ``--json`` and a markdown ``--table``.  Every client's raw output is kept in the work directory;
 ``--from-raw DIR`` summarises such a directory again without running anything.
 """
 
@@ -53,7 +57,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 BACKENDS = ("none", "file", "flatcake", "flatcake-linker")
 LOADS = ("cpu", "disk")
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl.xz"
-PASSES = (1, 2)
+PASSES = (1, 2)       # pass 2: the rounds' median
 RECOMPUTE_LINE = re.compile(r"flatcake: \S+ recomputes")
 
 
@@ -168,37 +172,98 @@ def multiturn(url: str, model: str, data: Path, clients: int, rounds: int, lengt
         out.write_text(json.dumps({"error": f"exited with {rc}: {tail[0]}"}))
 
 
-def run_backend(backend: str, model: str, work: Path, a, trace: Path, n: int,
-                data: Path) -> None:
-    """Start ``backend``'s server, run both passes and the multi-turn client, keep the raw
-    outputs (``{backend}_pass{1,2}.jsonl``, ``{backend}_multiturn.json``, server log)."""
-    from sglang_flatcake.commands.server import ServerProcess, cpu_server_args
-    from sglang_flatcake.commands.server_calls import flush
+def settle(store: Path, timeout: float = 60.0) -> bool:
+    """Wait until the files under ``store`` stop growing (the server's writes of the pass
+    just run have landed) for a second, at most ``timeout`` s; False if they did not."""
+    def size() -> int:
+        return sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+    deadline, last = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        now = size()
+        if now == last:
+            return True
+        last = now
+        time.sleep(1.0)
+    return False
 
-    store = work / f"store-{backend}"
-    store.mkdir(parents=True, exist_ok=True)
-    args = cpu_server_args(model, str(store), a.page, backend=backend,
-                           max_total_tokens=a.max_total_tokens)
-    log = work / f"{backend}_server.log"
-    t0 = time.monotonic()
-    s = ServerProcess(args, log_path=str(log))
-    try:                    # stopped however the start or the clients end (Ctrl-C included)
-        s.start(timeout=a.timeout)
-        print(f"[{backend}] server up in {time.monotonic() - t0:.0f}s", file=sys.stderr)
-        load = start_load(a.load, store, a.cpu_procs)
+
+class Servers:
+    """One CPU server per backend, all started before any client runs and kept up side by
+    side, each paused (SIGSTOP to its process group) except the one a client talks to, so
+    that every backend's passes are interleaved with the others' under the same load."""
+
+    def __init__(self, backends: list[str], model: str, work: Path, a) -> None:
+        self.work, self.a, self.servers = work, a, {}
+        self.backends, self.model = backends, model
+
+    def start(self) -> "Servers":
+        from sglang_flatcake.commands.server import ServerProcess, cpu_server_args
+        for b in self.backends:
+            store = self.store(b)
+            store.mkdir(parents=True, exist_ok=True)
+            args = cpu_server_args(self.model, str(store), self.a.page, backend=b,
+                                   max_total_tokens=self.a.max_total_tokens)
+            t0 = time.monotonic()
+            s = ServerProcess(args, log_path=str(self.work / f"{b}_server.log"))
+            self.servers[b] = s
+            s.start(timeout=self.a.timeout)
+            s.pause()
+            print(f"[{b}] server up in {time.monotonic() - t0:.0f}s (paused)", file=sys.stderr)
+        return self
+
+    def store(self, b: str) -> Path:
+        return self.work / f"store-{b}"
+
+    def turn(self, b: str, what, *args) -> None:
+        """Resume ``b``'s server, flush its device and host caches, run ``what(url, ...)``,
+        wait for its writes to land, pause it again."""
+        from sglang_flatcake.commands.server_calls import flush
+        s = self.servers[b]
+        s.resume()
         try:
-            for p in PASSES:
-                if p > 1:
-                    flush(s, timeout=a.timeout)
-                bench_serving(s.url, model, trace, n, a.slowdown,
-                              work / f"{backend}_pass{p}.jsonl", a.timeout)
-                print(f"[{backend}] pass {p} done", file=sys.stderr)
-            multiturn(s.url, model, data, a.mt_clients, a.mt_rounds, a.mt_length,
-                      work / f"{backend}_multiturn.json", a.timeout)
+            flush(s, timeout=self.a.timeout)
+            what(s.url, *args)
+            if not settle(self.store(b)):
+                print(f"[{b}] store still growing after 60 s; pausing anyway", file=sys.stderr)
+        finally:
+            s.pause()
+
+    def stop(self) -> None:
+        for s in self.servers.values():
+            s.stop()
+
+
+def run_all(backends: list[str], model: str, work: Path, a, trace: Path, n: int,
+            data: Path) -> None:
+    """Start every backend's server, then, under ``--load``: pass 1 of each backend in turn
+    (it stores), ``--rounds`` rounds of pass 2 (each round visits every backend, the order
+    rotated by one per round; pass 2 of round r lands in ``{backend}_pass2_r{r}.jsonl``),
+    and the multi-turn client of each.  Raw outputs and server logs stay in ``work``."""
+    servers = Servers(backends, model, work, a)
+    try:                    # stopped however the start or the clients end (Ctrl-C included)
+        servers.start()
+        load = start_load(a.load, work, a.cpu_procs)
+        try:
+            def serve(out: Path):
+                return lambda url: bench_serving(url, model, trace, n, a.slowdown, out,
+                                                 a.timeout)
+            for b in backends:
+                servers.turn(b, serve(work / f"{b}_pass1.jsonl"))
+                print(f"[{b}] pass 1 done", file=sys.stderr)
+            for r in range(1, a.rounds + 1):
+                k = (r - 1) % len(backends)
+                for b in backends[k:] + backends[:k]:
+                    servers.turn(b, serve(work / f"{b}_pass2_r{r}.jsonl"))
+                    print(f"[{b}] pass 2, round {r} done", file=sys.stderr)
+            for b in backends:
+                servers.turn(b, lambda url, b=b: multiturn(
+                    url, model, data, a.mt_clients, a.mt_rounds, a.mt_length,
+                    work / f"{b}_multiturn.json", a.timeout))
+                print(f"[{b}] multi-turn done", file=sys.stderr)
         finally:
             stop_load(load)
     finally:
-        s.stop()
+        servers.stop()
 
 
 # -- summary -----------------------------------------------------------------------------
@@ -233,13 +298,32 @@ def last_json_line(path: Path) -> dict:
     return json.loads(lines[-1])
 
 
+def pass2_files(work: Path, b: str) -> list[Path]:
+    """``b``'s pass-2 outputs in round order: ``{b}_pass2_r{r}.jsonl``, or the one
+    ``{b}_pass2.jsonl`` a single-round run left."""
+    rounds = sorted(work.glob(f"{b}_pass2_r*.jsonl"),
+                    key=lambda f: int(f.stem.rsplit("_r", 1)[1]))
+    return rounds or [work / f"{b}_pass2.jsonl"]
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[(len(xs) - 1) // 2]            # the lower median: always a measured value
+
+
 def summarize(work: Path, backends: list[str]) -> dict:
-    """Per backend: both passes, the multi-turn client, the server's recompute decisions;
-    ``ratios``: each backend's figures over ``none``'s (when ``none`` ran)."""
+    """Per backend: pass 1, pass 2 (the round with the median mean TTFT, and every round's
+    mean and P99), the multi-turn client, the server's recompute decisions.  ``ratios``:
+    each backend's figures over ``none``'s; pass 2's is the median over rounds of the
+    ratio within a round (the two passes ran minutes apart at most), its range beside."""
     out: dict = {}
     for b in backends:
-        r = {f"pass{p}": summarize_pass(last_json_line(work / f"{b}_pass{p}.jsonl"))
-             for p in PASSES}
+        rounds = [summarize_pass(last_json_line(f)) for f in pass2_files(work, b)]
+        mid = median([x["mean_ttft_s"] for x in rounds])
+        r = {"pass1": summarize_pass(last_json_line(work / f"{b}_pass1.jsonl")),
+             "pass2": next(x for x in rounds if x["mean_ttft_s"] == mid),
+             "pass2_rounds": [{k: x[k] for k in ("mean_ttft_s", "p99_ttft_s")}
+                              for x in rounds]}
         mt = work / f"{b}_multiturn.json"
         if mt.exists():
             r["multiturn"] = summarize_multiturn(json.loads(mt.read_text()))
@@ -251,9 +335,16 @@ def summarize(work: Path, backends: list[str]) -> dict:
     if "none" in out:
         base = out["none"]
         for b, r in out.items():
-            ratios[b] = {f"pass{p}_{k}": r[f"pass{p}"][k] / base[f"pass{p}"][k]
-                         for p in PASSES for k in ("mean_ttft_s", "p99_ttft_s")
-                         if base[f"pass{p}"][k] > 0}
+            ratios[b] = {f"pass1_{k}": r["pass1"][k] / base["pass1"][k]
+                         for k in ("mean_ttft_s", "p99_ttft_s") if base["pass1"][k] > 0}
+            paired = len(r["pass2_rounds"]) == len(base["pass2_rounds"])
+            for k in ("mean_ttft_s", "p99_ttft_s"):
+                if paired and all(x[k] > 0 for x in base["pass2_rounds"]):
+                    each = [x[k] / y[k] for x, y in zip(r["pass2_rounds"], base["pass2_rounds"])]
+                    ratios[b][f"pass2_{k}"] = median(each)
+                    ratios[b][f"pass2_{k}_rounds"] = each
+                elif base["pass2"][k] > 0:
+                    ratios[b][f"pass2_{k}"] = r["pass2"][k] / base["pass2"][k]
             mt, mb = r.get("multiturn", {}), base.get("multiturn", {})
             if "mean_ttft_s" in mt and mb.get("mean_ttft_s"):
                 ratios[b]["multiturn_mean_ttft_s"] = mt["mean_ttft_s"] / mb["mean_ttft_s"]
@@ -268,12 +359,15 @@ def table(result: dict) -> str:
     for b, r in result["backends"].items():
         for p in PASSES:
             s = r[f"pass{p}"]
-            ratio = result["ratios_to_none"].get(b, {}).get(f"pass{p}_mean_ttft_s")
+            rs = result["ratios_to_none"].get(b, {})
+            ratio = rs.get(f"pass{p}_mean_ttft_s")
+            each = rs.get(f"pass{p}_mean_ttft_s_rounds") or []
+            spread = f" ({min(each):.2f}-{max(each):.2f})" if len(each) > 1 else ""
             mt = r.get("multiturn", {})
             mts = (f"{mt['mean_ttft_s']:.3f}" if "mean_ttft_s" in mt else
                    mt.get("error", "-")) if p == PASSES[-1] else ""
             rows.append(f"| {b} | {p} | {s['mean_ttft_s']:.3f} | {s['p99_ttft_s']:.3f} | "
-                        f"{'-' if ratio is None else f'{ratio:.2f}'} | {s['cached_tokens']} "
+                        f"{'-' if ratio is None else f'{ratio:.2f}{spread}'} | {s['cached_tokens']} "
                         f"({s['device_tokens']} + {s['host_tokens']} + {s['storage_tokens']}) "
                         f"| {s['prefill_tokens_computed']} | {mts} |")
     return "\n".join(rows) + "\n"
@@ -306,6 +400,7 @@ def main(argv=None) -> int:
     ap.add_argument("--slowdown", type=float, default=1.0)
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--load", type=load_arg, default=[])
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of pass 2 (default 3)")
     ap.add_argument("--cpu-procs", type=int, default=2)
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--max-total-tokens", type=int, default=16384)
@@ -319,7 +414,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table", default=None)
     a = ap.parse_args(argv)
     for name in ("max_requests", "max_blocks", "max_output", "cpu_procs", "mt_clients",
-                 "mt_rounds", "mt_length"):
+                 "mt_rounds", "mt_length", "rounds"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')}={getattr(a, name)}: expected >= 1")
     config = {k: v for k, v in vars(a).items() if k not in ("json", "table")}
@@ -346,8 +441,7 @@ def main(argv=None) -> int:
                    "cpus": os.cpu_count()}
         (work / "config.json").write_text(json.dumps(config))
         print(json.dumps({"config": config}), flush=True)
-        for b in a.backends:
-            run_backend(b, model, work, a, trace, n, data)
+        run_all(a.backends, model, work, a, trace, n, data)
         backends = a.backends
     try:
         result = {"config": config, **summarize(work, backends)}

@@ -5,8 +5,11 @@ returns that), or raises ``TimeoutError`` naming ``what``; a ``cond`` that raise
 the wait with its error.  ``stop_group(proc, grace)`` ends a process started with
 ``start_new_session=True``: SIGTERM to its group, SIGKILL after ``grace`` seconds (or at
 once if a Ctrl-C interrupts the wait; the ``KeyboardInterrupt`` then goes on); a no-op
-when it has exited.  ``Managed`` gives a helper process class (``start`` returning
-itself, ``proc``, ``grace``) its ``stop`` and the ``with`` protocol.
+when it has exited; a paused group is continued so that it can handle the SIGTERM.
+``pause_group``/``resume_group`` stop and continue the whole group (SIGSTOP/SIGCONT: a
+paused server uses no CPU, so servers kept up side by side do not load each other).
+``Managed`` gives a helper process class (``start`` returning itself, ``proc``,
+``grace``) its ``stop``, ``pause``, ``resume`` and the ``with`` protocol.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def stop_group(proc: subprocess.Popen | None, grace: float) -> None:
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGCONT)      # a paused group handles it only when continued
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         _kill(proc)
@@ -51,6 +55,20 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def pause_group(proc: subprocess.Popen | None) -> None:
+    _signal_group(proc, signal.SIGSTOP)
+
+
+def resume_group(proc: subprocess.Popen | None) -> None:
+    _signal_group(proc, signal.SIGCONT)
+
+
+def _signal_group(proc: subprocess.Popen | None, sig: int) -> None:
+    if proc is None or proc.poll() is not None:
+        raise RuntimeError(f"cannot send {signal.Signals(sig).name}: the process is not running")
+    os.killpg(proc.pid, sig)
+
+
 class Managed:
     proc: subprocess.Popen | None = None
     grace: float = 60.0
@@ -60,6 +78,12 @@ class Managed:
 
     def stop(self) -> None:
         stop_group(self.proc, self.grace)
+
+    def pause(self) -> None:
+        pause_group(self.proc)
+
+    def resume(self) -> None:
+        resume_group(self.proc)
 
     def __enter__(self):
         return self.start()

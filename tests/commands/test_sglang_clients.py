@@ -101,3 +101,30 @@ def test_bad_arguments_give_one_line_naming_the_value(tmp_path):
     assert r.returncode == 2 and "--load='cpu,net'" in r.stderr
     r = run("--from-raw", str(tmp_path))
     assert r.returncode == 2 and f"--from-raw={tmp_path}" in r.stderr
+
+
+def test_pass2_rounds_give_the_median_round_and_the_median_paired_ratio(tmp_path):
+    # none's rounds drift slower (4, 8, 6 s); flatcake's run beside them (2, 6, 3 s): paired
+    # ratios 0.5, 0.75, 0.5 -> median 0.5, while the ratio of the medians would say 4/6
+    for b, means in (("none", (4000, 8000, 6000)), ("flatcake", (2000, 6000, 3000))):
+        write(tmp_path, b, [serving_line(5000, 9000, 50_000, 2_000, 0, 0)])
+        for r, m in enumerate(means, 1):
+            (tmp_path / f"{b}_pass2_r{r}.jsonl").write_text(
+                json.dumps(serving_line(m, 2 * m, 50_000, 2_000, 0, r)) + "\n")
+    js, md = tmp_path / "out.json", tmp_path / "out.md"
+    r = run("--from-raw", str(tmp_path), "--json", str(js), "--table", str(md))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(js.read_text())
+    fc = res["backends"]["flatcake"]
+    assert fc["pass2"]["mean_ttft_s"] == 3.0 and fc["pass2"]["storage_tokens"] == 3
+    assert [x["mean_ttft_s"] for x in fc["pass2_rounds"]] == [2.0, 6.0, 3.0]
+    assert res["backends"]["none"]["pass2"]["mean_ttft_s"] == 6.0
+    ratio = res["ratios_to_none"]["flatcake"]
+    assert ratio["pass2_mean_ttft_s"] == 0.5
+    assert ratio["pass2_mean_ttft_s_rounds"] == [0.5, 0.75, 0.5]
+    assert "| flatcake | 2 | 3.000 | 6.000 | 0.50 (0.50-0.75) |" in md.read_text()
+
+
+def test_rounds_must_be_at_least_one(tmp_path):
+    r = run("--rounds", "0", "--from-raw", str(tmp_path))
+    assert r.returncode == 2 and "--rounds=0: expected >= 1" in r.stderr
