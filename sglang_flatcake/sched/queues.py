@@ -26,7 +26,9 @@ at DeepSeek-V3 sizes).  The deadline keeps the seed's preference for small
 restores but caps how long it may last, in units of the request's own restore.
 
 Prefetches run one at a time (``serial``, see ``_may_share``): concurrent restores
-share one disk, so a second restore beside the first only slows the first.
+share one disk, so a second restore beside the first only slows the first.  A caller whose
+one worker runs its prefetches in turn (the server) hands over ``depth`` 2 at once, so that
+the worker never idles between one restore's end and the caller's next step.
 
 A prefetch that does not fit in the window/I-O budget waits (it is never
 cancelled, and nothing behind it overtakes it); a request larger than the whole
@@ -74,6 +76,7 @@ class TwoQueuePolicy:
     restore_bytes_per_s: float = RESTORE_BYTES_PER_S
     single_queue: bool = False
     serial: bool = True                     # one prefetch in flight at a time (``_may_share``)
+    depth: int = 1                          # with ``serial``: prefetches handed over at once
     _ready: list[tuple[int, str]] = field(default_factory=list)      # sorted by arrival
     _preparing: list[tuple[float, int, str]] = field(default_factory=list)   # (deadline, arrival, rid)
     _inflight: dict[str, Request] = field(default_factory=dict)
@@ -86,6 +89,8 @@ class TwoQueuePolicy:
             raise ValueError(f"budget_bytes={self.budget_bytes!r} is not allowed: expected > 0")
         if not self.aging >= 0:
             raise ValueError(f"aging={self.aging!r} is not allowed: expected >= 0")
+        if not (isinstance(self.depth, int) and self.depth >= 1):
+            raise ValueError(f"depth={self.depth!r} is not allowed: expected an integer >= 1")
         if not self.restore_bytes_per_s > 0:
             raise ValueError(f"restore_bytes_per_s={self.restore_bytes_per_s!r} is not allowed: "
                              "expected > 0")
@@ -155,13 +160,17 @@ class TwoQueuePolicy:
         return started
 
     def _may_share(self, r: Request) -> bool:
-        """Whether ``r`` may start now beside the prefetches in flight: only when none is
-        (``serial``).  One restore already drives the disk at its full bandwidth; a second
-        beside it only splits that bandwidth, so the first ends later and the second no
-        sooner than after it (measured: two queues lost to head-only's P99 and mean on
-        generated agent traces by exactly that).  ``serial=False``: restores share the disk
-        whenever budget and streams allow."""
-        return not self._inflight or not self.serial
+        """Whether ``r`` may start now beside the prefetches in flight: only when fewer than
+        ``depth`` are (``serial``; depth 1: none).  One restore already drives the disk at its
+        full bandwidth; a second beside it only splits that bandwidth, so the first ends later
+        and the second no sooner than after it (measured: two queues lost to head-only's P99
+        and mean on generated agent traces by exactly that).  ``depth`` 2 suits a caller whose
+        one worker runs the prefetches it is handed one after another (the server's
+        restorer): the second waits in the worker, not beside the first, and starts the
+        moment the first ends rather than at the caller's next step; all but those two stay
+        open to overtaking.  ``serial=False``: restores share the disk whenever budget and
+        streams allow."""
+        return not self.serial or len(self._inflight) < self.depth
 
     def _start(self, r: Request) -> None:
         r.state = "prefetching"

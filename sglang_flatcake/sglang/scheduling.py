@@ -63,8 +63,11 @@ class FlatCakeScheduling:
         self.restorer = DirectRestorer(scheduler, backend)
         self.single_queue = cfg.single_queue
         self.now = time.monotonic()
+        # depth 2: the restorer's one worker runs restores in turn, so the next one waits
+        # there and starts as the current one ends, not a scheduler step later
         self.policy = TwoQueuePolicy(clock=lambda: self.now, budget_bytes=cfg.prefetch_budget_bytes,
-                                     aging=cfg.queue_aging, single_queue=cfg.single_queue)
+                                     aging=cfg.queue_aging, single_queue=cfg.single_queue,
+                                     depth=2)
         self.seq = 0
         self.arrival: dict[str, int] = {}           # rid -> arrival number (every request)
         self.flows: dict[str, Flow] = {}            # rid -> a flow not yet published

@@ -228,6 +228,29 @@ def test_a_second_restore_waits_for_the_one_in_flight():
     assert q.start_prefetches() == ["b"]
 
 
+def test_depth_two_hands_the_next_prefetch_over_while_one_runs_and_no_more():
+    """The server's one worker runs its restores in turn: the second waits there, so the
+    policy may hand it over early; the third stays open to overtaking."""
+    c = Clock()
+    q = TwoQueuePolicy(c, budget_bytes=100 * GB, restore_bytes_per_s=GB, depth=2)
+    for i, rid in enumerate("abc"):
+        q.arrive(rid, i, 4 * GB)
+    assert q.start_prefetches() == ["a", "b"]
+    c.t = 0.5
+    q.arrive("small", 3, GB)                            # deadline 1.0 s: overtakes c
+    assert q.start_prefetches() == []
+    q.prefetch_done("a")
+    assert q.start_prefetches() == ["small"]
+    q.prefetch_done("b")
+    assert q.start_prefetches() == ["c"]
+
+
+@pytest.mark.parametrize("depth", [0, -1, 1.5])
+def test_a_bad_depth_is_refused_by_name(depth):
+    with pytest.raises(ValueError, match=f"depth={depth!r} is not allowed"):
+        TwoQueuePolicy(Clock(), budget_bytes=GB, depth=depth)
+
+
 def test_a_declined_prefetch_frees_the_disk_for_the_next():
     c = Clock()
     q = TwoQueuePolicy(c, budget_bytes=100 * GB, restore_bytes_per_s=GB)

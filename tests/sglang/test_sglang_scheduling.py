@@ -329,13 +329,17 @@ def test_does_nothing_when_restores_are_faster(make):
     rates(st, 1e15, 1e3)                  # restores far faster than prefill
     for rid in "abc":
         arrive(st, sched, rid, GB // 4)
-    for rid in "abc":                     # one prefetch in flight at a time (serial)
-        st.pump()                         # publishes the last one, starts the next
-        assert st.restorer.started[-1] == rid and st.restorer.started.count(rid) == 1
-        assert st.flows[rid].ssd_bytes == GB // 4          # the whole span, not cut
-        finish(st, rid)
-        st.pump()
+    st.pump()                             # two handed to the one worker (depth 2), c waits
+    assert st.restorer.started == ["a", "b"]
+    assert all(st.flows[rid].ssd_bytes == GB // 4 for rid in "abc")    # whole spans, not cut
+    finish(st, "a")
+    st.pump()                             # publishes a (after this step's starts)
+    assert st.restorer.started == ["a", "b"] and "a" not in st.flows
+    st.pump()                             # hands c over behind b
     assert st.restorer.started == ["a", "b", "c"]
+    for rid in "bc":
+        finish(st, rid)
+    st.pump()
     assert st.stats()["recomputed_requests"] == 0 and st.stats()["restored_requests"] == 3
 
 
