@@ -33,8 +33,9 @@ Per backend and pass: mean and P99 TTFT, tokens from the cache (device, host, st
 the cache report), prefill tokens computed (prompt tokens less cached ones); pass 2 is the
 round with the median mean TTFT, every round's figures beside.  Prints one JSON line
 (ratios to ``none``; pass 2's is the median over rounds of the within-round ratio) and
-writes ``--json`` and a markdown ``--table``.  Every client's raw output is kept in the work directory;
-``--from-raw DIR`` summarises such a directory again without running anything.
+writes ``--json`` and a markdown ``--table``.  Every client's raw output is kept in the
+work directory; ``--from-raw DIR`` summarises such a directory again without running
+anything.
 """
 
 from __future__ import annotations
@@ -214,19 +215,20 @@ class Servers:
     def store(self, b: str) -> Path:
         return self.work / f"store-{b}"
 
-    def turn(self, b: str, what, *args) -> None:
-        """Resume ``b``'s server, flush its device and host caches, run ``what(url, ...)``,
-        wait for its writes to land, pause it again."""
+    def turn(self, b: str, what, label: str) -> None:
+        """Resume ``b``'s server, flush its device and host caches, run ``what(url)``, wait
+        for its writes to land, pause it again; report ``label`` done."""
         from sglang_flatcake.commands.server_calls import flush
         s = self.servers[b]
         s.resume()
         try:
             flush(s, timeout=self.a.timeout)
-            what(s.url, *args)
+            what(s.url)
             if not settle(self.store(b)):
                 print(f"[{b}] store still growing after 60 s; pausing anyway", file=sys.stderr)
         finally:
             s.pause()
+        print(f"[{b}] {label} done", file=sys.stderr)
 
     def stop(self) -> None:
         for s in self.servers.values():
@@ -248,18 +250,15 @@ def run_all(backends: list[str], model: str, work: Path, a, trace: Path, n: int,
                 return lambda url: bench_serving(url, model, trace, n, a.slowdown, out,
                                                  a.timeout)
             for b in backends:
-                servers.turn(b, serve(work / f"{b}_pass1.jsonl"))
-                print(f"[{b}] pass 1 done", file=sys.stderr)
+                servers.turn(b, serve(work / f"{b}_pass1.jsonl"), "pass 1")
             for r in range(1, a.rounds + 1):
                 k = (r - 1) % len(backends)
                 for b in backends[k:] + backends[:k]:
-                    servers.turn(b, serve(work / f"{b}_pass2_r{r}.jsonl"))
-                    print(f"[{b}] pass 2, round {r} done", file=sys.stderr)
+                    servers.turn(b, serve(work / f"{b}_pass2_r{r}.jsonl"), f"pass 2, round {r}")
             for b in backends:
                 servers.turn(b, lambda url, b=b: multiturn(
                     url, model, data, a.mt_clients, a.mt_rounds, a.mt_length,
-                    work / f"{b}_multiturn.json", a.timeout))
-                print(f"[{b}] multi-turn done", file=sys.stderr)
+                    work / f"{b}_multiturn.json", a.timeout), "multi-turn")
         finally:
             stop_load(load)
     finally:
@@ -366,8 +365,9 @@ def table(result: dict) -> str:
             mt = r.get("multiturn", {})
             mts = (f"{mt['mean_ttft_s']:.3f}" if "mean_ttft_s" in mt else
                    mt.get("error", "-")) if p == PASSES[-1] else ""
+            shown = "-" if ratio is None else f"{ratio:.2f}{spread}"
             rows.append(f"| {b} | {p} | {s['mean_ttft_s']:.3f} | {s['p99_ttft_s']:.3f} | "
-                        f"{'-' if ratio is None else f'{ratio:.2f}{spread}'} | {s['cached_tokens']} "
+                        f"{shown} | {s['cached_tokens']} "
                         f"({s['device_tokens']} + {s['host_tokens']} + {s['storage_tokens']}) "
                         f"| {s['prefill_tokens_computed']} | {mts} |")
     return "\n".join(rows) + "\n"
