@@ -30,6 +30,7 @@ class FakeRestorer:
     def __init__(self, scheduler, backend) -> None:
         self.spans: dict[str, int] = {}          # rid -> SSD bytes (absent: nothing stored)
         self.leads: dict[str, int] = {}          # rid -> pages before the first SSD page
+        self.sizes: dict[str, int] = {}          # rid -> tokens of the span (default 64)
         self.started: list[str] = []
         self.published: list[str] = []
         self.free_slots = True
@@ -43,8 +44,10 @@ class FakeRestorer:
     def lookup(self, req):
         if req.rid not in self.spans:
             return None
-        return Flow(req.rid, None, list(range(64)), ["k"] * 4, 0, self.spans[req.rid], 0,
-                    lead_memory=self.leads.get(req.rid, 0 if self.spans[req.rid] else 4))
+        tokens = self.sizes.get(req.rid, 64)
+        pages = tokens // self.page
+        return Flow(req.rid, None, list(range(tokens)), ["k"] * pages, 0, self.spans[req.rid], 0,
+                    lead_memory=self.leads.get(req.rid, 0 if self.spans[req.rid] else pages))
 
     def allocate(self, flow) -> bool:
         return self.free_slots
@@ -188,6 +191,33 @@ def test_a_restore_waits_until_running_decodes_keep_their_room(make):
     sched.running_batch.reqs = []                   # the decode finished
     st.pump()
     assert st.restorer.started == ["a"]
+
+
+def test_device_slots_go_in_arrival_order_while_something_runs(make):
+    """A large restore waiting for slots is not overtaken by later small ones: SGLang's own
+    admission stops at the first request that does not fit, and so do the restores."""
+    st, sched, _ = make()
+    sched.running_batch = SimpleNamespace(reqs=[request("decoding", 40, generated=8)])
+    st.restorer.slots_free = 100        # big: 64 + reserve 48 + 20 > 100; small: 16 + 68 fits
+    st.restorer.sizes["small"] = 16
+    arrive(st, sched, "big", 0)          # both memory only: ready at arrival
+    arrive(st, sched, "small", 0)
+    st.pump()
+    st.pump()
+    assert st.restorer.started == [] and st.to_start == ["big", "small"]
+    sched.running_batch.reqs = []        # the decode finished: big goes first
+    st.pump()
+    assert st.restorer.started == ["big", "small"]
+
+
+def test_with_nothing_running_a_flow_that_never_fits_holds_nobody_back(make):
+    st, sched, _ = make()
+    st.restorer.slots_free = 40          # big: 64 slots never fit; small: 16 + 20 do
+    st.restorer.sizes["small"] = 16
+    arrive(st, sched, "big", 0)
+    arrive(st, sched, "small", 0)
+    st.pump()
+    assert st.restorer.started == ["small"] and st.to_start == ["big"]
 
 
 def test_an_aborted_head_stops_blocking(make):
