@@ -25,7 +25,7 @@ largest restores keep waiting (the replay measured a 2.2x higher P99 than FCFS
 at DeepSeek-V3 sizes).  The deadline keeps the seed's preference for small
 restores but caps how long it may last, in units of the request's own restore.
 
-Prefetches run one at a time (``serial``, see ``_may_share``): concurrent restores
+Prefetches run one at a time (``depth`` 1, see ``_may_share``): concurrent restores
 share one disk, so a second restore beside the first only slows the first.  A caller whose
 one worker runs its prefetches in turn (the server) hands over ``depth`` 2 at once, so that
 the worker never idles between one restore's end and the caller's next step.
@@ -75,8 +75,7 @@ class TwoQueuePolicy:
     aging: float = AGING
     restore_bytes_per_s: float = RESTORE_BYTES_PER_S
     single_queue: bool = False
-    serial: bool = True                     # one prefetch in flight at a time (``_may_share``)
-    depth: int = 1                          # with ``serial``: prefetches handed over at once
+    depth: int | None = 1                   # prefetches in flight at once (``_may_share``)
     _ready: list[tuple[int, str]] = field(default_factory=list)      # sorted by arrival
     _preparing: list[tuple[float, int, str]] = field(default_factory=list)   # (deadline, arrival, rid)
     _inflight: dict[str, Request] = field(default_factory=dict)
@@ -89,8 +88,9 @@ class TwoQueuePolicy:
             raise ValueError(f"budget_bytes={self.budget_bytes!r} is not allowed: expected > 0")
         if not self.aging >= 0:
             raise ValueError(f"aging={self.aging!r} is not allowed: expected >= 0")
-        if not (isinstance(self.depth, int) and self.depth >= 1):
-            raise ValueError(f"depth={self.depth!r} is not allowed: expected an integer >= 1")
+        if self.depth is not None and not (isinstance(self.depth, int) and self.depth >= 1):
+            raise ValueError(f"depth={self.depth!r} is not allowed: expected an integer >= 1 "
+                             "or None")
         if not self.restore_bytes_per_s > 0:
             raise ValueError(f"restore_bytes_per_s={self.restore_bytes_per_s!r} is not allowed: "
                              "expected > 0")
@@ -161,16 +161,16 @@ class TwoQueuePolicy:
 
     def _may_share(self, r: Request) -> bool:
         """Whether ``r`` may start now beside the prefetches in flight: only when fewer than
-        ``depth`` are (``serial``; depth 1: none).  One restore already drives the disk at its
+        ``depth`` are (depth 1: none).  One restore already drives the disk at its
         full bandwidth; a second beside it only splits that bandwidth, so the first ends later
         and the second no sooner than after it (measured: two queues lost to head-only's P99
         and mean on generated agent traces by exactly that).  ``depth`` 2 suits a caller whose
         one worker runs the prefetches it is handed one after another (the server's
         restorer): the second waits in the worker, not beside the first, and starts the
         moment the first ends rather than at the caller's next step; all but those two stay
-        open to overtaking.  ``serial=False``: restores share the disk whenever budget and
+        open to overtaking.  ``depth=None``: restores share the disk whenever budget and
         streams allow."""
-        return not self.serial or len(self._inflight) < self.depth
+        return self.depth is None or len(self._inflight) < self.depth
 
     def _start(self, r: Request) -> None:
         r.state = "prefetching"

@@ -29,7 +29,7 @@ def test_deadline_is_arrival_plus_aging_times_own_restore_time():
 def test_a_small_restore_overtakes_only_within_the_bound():
     c = Clock()
     q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.5, restore_bytes_per_s=GB,
-                       serial=False)         # the order alone (the gate: test_queues_share)
+                       depth=None)         # the order alone (the gate: test_queues_share)
     q.arrive("large", 0, 8 * GB)                          # deadline 4
     c.t = 3.0
     q.arrive("early", 1, GB)                              # deadline 3.5 < 4: may go first
@@ -40,7 +40,7 @@ def test_a_small_restore_overtakes_only_within_the_bound():
 
 def test_aging_zero_is_first_come_first_served():
     c = Clock()
-    q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.0, serial=False)
+    q = TwoQueuePolicy(c, budget_bytes=100 * GB, aging=0.0, depth=None)
     for i, (rid, size) in enumerate([("a", 9), ("b", 1), ("c", 5)]):
         c.t = float(i)
         q.arrive(rid, i, size * GB)
@@ -203,7 +203,7 @@ def test_leaving_while_preparing_frees_the_place():
 
 def test_limit_caps_how_many_start_at_once():
     c = Clock()
-    q = TwoQueuePolicy(c, budget_bytes=10 * GB, serial=False)
+    q = TwoQueuePolicy(c, budget_bytes=10 * GB, depth=None)
     for i, rid in enumerate("abc"):
         q.arrive(rid, i, GB)
     assert q.start_prefetches(limit=0) == []
@@ -212,7 +212,7 @@ def test_limit_caps_how_many_start_at_once():
     assert q.start_prefetches() == ["c"]
 
 
-# -- one prefetch at a time (``TwoQueuePolicy.serial``): a second restore beside one in
+# -- one prefetch at a time (``TwoQueuePolicy.depth`` 1): a second restore beside one in
 #    flight would only split the disk's bandwidth
 def test_a_second_restore_waits_for_the_one_in_flight():
     c = Clock()
@@ -263,7 +263,7 @@ def test_a_declined_prefetch_frees_the_disk_for_the_next():
 
 def test_off_restores_share_the_disk_whenever_budget_allows():
     c = Clock()
-    q = TwoQueuePolicy(c, budget_bytes=100 * GB, restore_bytes_per_s=GB, serial=False)
+    q = TwoQueuePolicy(c, budget_bytes=100 * GB, restore_bytes_per_s=GB, depth=None)
     q.arrive("a", 0, 4 * GB)
     q.arrive("b", 1, 4 * GB)
     assert q.start_prefetches() == ["a", "b"]
