@@ -165,7 +165,9 @@ class FlatCakeScheduling:
             flow = self.flows.get(rid)
             if flow is None or flow.state != "waiting":
                 continue
-            if blocked:
+            if blocked:                        # counted: scraped as a flatcake_direct_ gauge
+                c = self.restorer.counters
+                c["waits_for_slot_order"] = c.get("waits_for_slot_order", 0) + 1
                 still.append(rid)
                 continue
             ok = self.decode_headroom(flow) and self.restorer.allocate(flow)

@@ -205,6 +205,7 @@ def test_device_slots_go_in_arrival_order_while_something_runs(make):
     st.pump()
     st.pump()
     assert st.restorer.started == [] and st.to_start == ["big", "small"]
+    assert st.restorer.counters["waits_for_slot_order"] == 2      # small, held once a pump
     sched.running_batch.reqs = []        # the decode finished: big goes first
     st.pump()
     assert st.restorer.started == ["big", "small"]
@@ -218,6 +219,7 @@ def test_with_nothing_running_a_flow_that_never_fits_holds_nobody_back(make):
     arrive(st, sched, "small", 0)
     st.pump()
     assert st.restorer.started == ["small"] and st.to_start == ["big"]
+    assert "waits_for_slot_order" not in st.restorer.counters
 
 
 def test_an_aborted_head_stops_blocking(make):
