@@ -19,9 +19,8 @@ user would:
    first ``--max-requests`` requests of the Mooncake conversation trace
    (``/work/shared/traces/`` or ``--trace``), each cut to ``--max-blocks`` blocks and
    ``--max-output`` output tokens so that its prompt (``bench_serving`` writes 128 "hi"
-   per block) fits the CPU server; no ``bench_serving`` warm-up request (it uses 512 per
-   block and would not fit): each server serves four short requests of random ids under
-   the load first instead (``warm_up``);
+   per block) fits the CPU server; no warm-up request (``bench_serving``'s uses 512 per
+   block and would not fit);
 2. SGLang's multi-turn client (0.5.23 ships ``bench_multiturn`` only in its source tree;
    the wheel's is ``sglang.test.kits.cache_hit_kit.run_multiturn_cache_hit_test``) at
    small scale, its prompts drawn from a local ShareGPT-format file.
@@ -61,7 +60,6 @@ LOADS = ("cpu", "disk")
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl.xz"
 PASSES = (1, 2)       # pass 2: the rounds' median
 RECOMPUTE_LINE = re.compile(r"flatcake: \S+ recomputes")
-WARM_REQUESTS = 4     # per server, under the load, before pass 1
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -218,15 +216,14 @@ class Servers:
         return self.work / f"store-{b}"
 
     def turn(self, b: str, what, label: str) -> None:
-        """Resume ``b``'s server, flush its device and host caches, run ``what(server)``
-        (its ``ServerProcess``), wait for its writes to land, pause it again; report
-        ``label`` done."""
+        """Resume ``b``'s server, flush its device and host caches, run ``what(url)``, wait
+        for its writes to land, pause it again; report ``label`` done."""
         from sglang_flatcake.commands.server_calls import flush
         s = self.servers[b]
         s.resume()
         try:
             flush(s, timeout=self.a.timeout)
-            what(s)
+            what(s.url)
             if not settle(self.store(b)):
                 print(f"[{b}] store still growing after 60 s; pausing anyway", file=sys.stderr)
         finally:
@@ -238,32 +235,20 @@ class Servers:
             s.stop()
 
 
-def warm_up(server, requests: int = WARM_REQUESTS, tokens: int = 512) -> None:
-    """A few requests of random ids (none of the trace's prompts, so nothing a pass could hit
-    later; ``turn`` flushes before every pass anyway): without them the backend whose pass 1
-    ran first under the load was the slowest in every run, whatever the backend."""
-    from sglang_flatcake.commands.server_calls import generate, prompt_ids
-    for i in range(requests):
-        generate(server, prompt_ids(tokens, 1000 + i), new_tokens=8, logprob=False)
-
-
 def run_all(backends: list[str], model: str, work: Path, a, trace: Path, n: int,
             data: Path) -> None:
-    """Start every backend's server, then, under ``--load``: a warm-up of each (``warm_up``),
-    pass 1 of each backend in turn (it stores), ``--rounds`` rounds of pass 2 (each round
-    visits every backend, the order rotated by one per round; pass 2 of round r lands in
-    ``{backend}_pass2_r{r}.jsonl``), and the multi-turn client of each.  Raw outputs and
-    server logs stay in ``work``."""
+    """Start every backend's server, then, under ``--load``: pass 1 of each backend in turn
+    (it stores), ``--rounds`` rounds of pass 2 (each round visits every backend, the order
+    rotated by one per round; pass 2 of round r lands in ``{backend}_pass2_r{r}.jsonl``),
+    and the multi-turn client of each.  Raw outputs and server logs stay in ``work``."""
     servers = Servers(backends, model, work, a)
     try:                    # stopped however the start or the clients end (Ctrl-C included)
         servers.start()
         load = start_load(a.load, work, a.cpu_procs)
         try:
             def serve(out: Path):
-                return lambda s: bench_serving(s.url, model, trace, n, a.slowdown, out,
-                                               a.timeout)
-            for b in backends:
-                servers.turn(b, warm_up, "warm-up")
+                return lambda url: bench_serving(url, model, trace, n, a.slowdown, out,
+                                                 a.timeout)
             for b in backends:
                 servers.turn(b, serve(work / f"{b}_pass1.jsonl"), "pass 1")
             for r in range(1, a.rounds + 1):
@@ -271,8 +256,8 @@ def run_all(backends: list[str], model: str, work: Path, a, trace: Path, n: int,
                 for b in backends[k:] + backends[:k]:
                     servers.turn(b, serve(work / f"{b}_pass2_r{r}.jsonl"), f"pass 2, round {r}")
             for b in backends:
-                servers.turn(b, lambda s, b=b: multiturn(
-                    s.url, model, data, a.mt_clients, a.mt_rounds, a.mt_length,
+                servers.turn(b, lambda url, b=b: multiturn(
+                    url, model, data, a.mt_clients, a.mt_rounds, a.mt_length,
                     work / f"{b}_multiturn.json", a.timeout), "multi-turn")
         finally:
             stop_load(load)

@@ -128,26 +128,3 @@ def test_pass2_rounds_give_the_median_round_and_the_median_paired_ratio(tmp_path
 def test_rounds_must_be_at_least_one(tmp_path):
     r = run("--rounds", "0", "--from-raw", str(tmp_path))
     assert r.returncode == 2 and "--rounds=0: expected >= 1" in r.stderr
-
-
-def test_warm_up_sends_short_requests_no_pass_can_hit():
-    """Every server serves ``WARM_REQUESTS`` requests before pass 1; their ids are random, so
-    neither the trace's prompts nor each other's prefixes."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import sglang_clients
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    posted = []
-
-    class Server:
-        def post(self, path, body, timeout=600):
-            posted.append((path, body))
-            return {}
-
-    sglang_clients.warm_up(Server())
-    assert len(posted) == sglang_clients.WARM_REQUESTS >= 1
-    assert {p for p, _ in posted} == {"/generate"}
-    ids = [tuple(b["input_ids"]) for _, b in posted]
-    assert len(set(i[:16] for i in ids)) == len(ids)            # no shared first page
-    assert all(b["sampling_params"]["max_new_tokens"] == 8 for _, b in posted)
