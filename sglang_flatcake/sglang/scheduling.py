@@ -174,15 +174,16 @@ class FlatCakeScheduling:
             if self.agree([1.0 if ok else 0.0], "min")[0] < 1:
                 self.restorer.release(flow)    # a no-op where this rank took nothing
                 still.append(rid)              # waits for slots; never cancelled
-                blocked = self._slots_will_free()
+                blocked = self._busy()             # slots will come free: wait in order
                 continue
             self.restorer.submit(flow)
             self.estimates.started(flow)
         self.to_start = still
 
-    def _slots_will_free(self) -> bool:
-        """Whether device slots will come free without admitting anyone: a request runs (its
-        decode ends) or a restore is in flight (it publishes, then its request runs)."""
+    def _busy(self) -> bool:
+        """Whether something runs without admitting anyone: a request (its decode ends and
+        frees slots), a chunked prefill, or a restore in flight (it publishes, then its request
+        runs).  Not busy, waiting frees no slots and a held span can only be stalled."""
         sched = self.scheduler
         return bool(sched.running_batch.reqs) or sched.chunked_req is not None \
             or any(f.state == "running" for f in self.flows.values())
@@ -255,9 +256,7 @@ class FlatCakeScheduling:
             log.info("flatcake: %s %s: used %d of %d restored tokens", rid, how, used, tokens)
         for rid in [r for r in self.req_of if r not in self.flows and r not in self.ledger.spans]:
             del self.req_of[rid]
-        idle = (not sched.running_batch.reqs and sched.chunked_req is None
-                and not any(f.state == "running" for f in self.flows.values()))
-        self.stalled = self.stalled + 1 if idle and self.ledger.held() else 0
+        self.stalled = self.stalled + 1 if not self._busy() and self.ledger.held() else 0
         if self.stalled >= STALL_PUMPS:
             n = self.ledger.release_all(self.restorer.unhold)
             log.warning("flatcake: nothing runs and %d published restores are held; released "
