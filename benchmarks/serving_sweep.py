@@ -125,12 +125,17 @@ def main(argv: list[str] | None = None) -> int:
                                        max_total_tokens=a.max_total_tokens,
                                        hicache_ratio=a.hicache_ratio, extra_config=cfg)
             args += ["--enable-metrics"] + a.server_args
-            with ServerProcess(args, log_path=str(work / f"server-{backend}.log")) as server:
+            log = work / f"server-{backend}.log"
+            with ServerProcess(args, log_path=str(log)) as server:
                 for rate in rates:
                     flush(server)
                     print(f"  {backend} at {rate} req/s ...", file=sys.stderr)
-                    rows.append(row(backend, rate, run_rate(server, trace, base_rate / rate,
-                                                            a.num_prompts)))
+                    try:
+                        res = run_rate(server, trace, base_rate / rate, a.num_prompts)
+                    except RuntimeError as e:          # the server's own account, with it
+                        raise RuntimeError(f"{backend} at {rate} req/s: {e}\n--- the last "
+                                           f"lines of {log} ---\n{server.tail(6000)}") from e
+                    rows.append(row(backend, rate, res))
                 backed = backup_tokens(server) if backend != "none" else 0
                 for r in rows:
                     if r["backend"] == backend:

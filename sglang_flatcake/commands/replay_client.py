@@ -15,6 +15,7 @@ Cache tokens (device / host / storage) are summed from each response's
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -92,18 +93,20 @@ def send_one(url: str, i: int, req: TraceRequest, timeout: float = 1800) -> Outc
     body = {"input_ids": req.input_ids, "stream": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": req.output_len,
                                 "ignore_eos": True}}
-    http = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+    ask = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
                                   headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     meta: dict = {}
+    done = False
     try:
-        with urllib.request.urlopen(http, timeout=timeout) as r:
+        with urllib.request.urlopen(ask, timeout=timeout) as r:
             for raw in r:
                 line = raw.decode(errors="replace").strip()
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    done = True
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
@@ -115,7 +118,7 @@ def send_one(url: str, i: int, req: TraceRequest, timeout: float = 1800) -> Outc
     except urllib.error.HTTPError as e:
         o.error = f"HTTP {e.code}: {_reason(e.read().decode(errors='replace'))}"
         return o
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
         o.error = f"{type(e).__name__}: {e}"
         return o
     o.latency_s = time.perf_counter() - t0
@@ -127,7 +130,10 @@ def send_one(url: str, i: int, req: TraceRequest, timeout: float = 1800) -> Outc
     if isinstance(finish, dict) and finish.get("type") == "abort":
         o.error = _reason(json.dumps(finish))
     elif o.output_tokens < req.output_len:
-        o.error = f"served {o.output_tokens} of {req.output_len} output tokens ({finish})"
+        how = "then [DONE]" if done else "then the stream closed without [DONE]"
+        o.error = (f"served {o.output_tokens} of {req.output_len} output tokens, the last chunk "
+                   f"unfinished (finish_reason {finish or None}), {how} after "
+                   f"{o.latency_s:.1f} s")
     return o
 
 
@@ -189,6 +195,9 @@ def replay(url: str, requests: list[TraceRequest], progress=None,
             counts["sent"] += 1
         try:
             outcomes[i] = send_one(url, i, req)
+        except Exception as e:         # noqa: BLE001 - a failed request is an outcome, not lost
+            outcomes[i] = Outcome(i, len(req.input_ids), req.output_len,
+                                  error=f"client error: {type(e).__name__}: {e}")
         finally:
             with changed:
                 counts["answered"] += 1

@@ -36,7 +36,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        got = want if n != 7 else want // 2             # 7 tokens: stops short
+        got = want if n not in (7, 11) else want // 2   # 7, 11 tokens: stop short
+        if n == 11:                                     # one chunk, then the stream closes
+            meta = {"completion_tokens": 1, "prompt_tokens": n}
+            self.wfile.write(f"data: {json.dumps({'output_ids': [5], 'meta_info': meta})}\n\n"
+                             .encode())
+            return
         finish = {"type": "length", "length": got}
         if n == 9:
             finish = {"type": "abort", "message": "aborted by the scheduler"}
@@ -78,6 +83,21 @@ def test_rejected_aborted_and_short_requests_are_failures_with_the_servers_reaso
     assert not aborted.served and "aborted by the scheduler" in aborted.error
     short = send_one(url, 2, req(7, 6))
     assert not short.served and "served 3 of 6 output tokens" in short.error
+    assert "then [DONE]" in short.error
+    cut = send_one(url, 3, req(11, 6))
+    assert not cut.served and "served 1 of 6 output tokens" in cut.error
+    assert "closed without [DONE]" in cut.error and "finish_reason None" in cut.error
+
+
+def test_a_client_side_exception_is_a_failed_outcome_not_a_lost_request(url, monkeypatch):
+    import sglang_flatcake.commands.replay_client as rc
+
+    def boom(url, i, r, timeout=1800):
+        raise RuntimeError("client broke")
+    monkeypatch.setattr(rc, "send_one", boom)
+    res = rc.replay(url, [req(20), req(30)])
+    assert res.summary["requests_sent"] == 2 and res.summary["requests_served"] == 0
+    assert "client error: RuntimeError: client broke" in res.first_failure()
 
 
 def test_replay_summary_counts_only_served_requests(url):
