@@ -1,7 +1,7 @@
-"""GPU check of the device read path (issues 6 and 19); writes one JSON object.
+"""GPU check of the device read path (issues 6, 19 and 21); writes one JSON object.
 
     python benchmarks/gpu_check.py [--size-gib 2] [--bound-s 300] [--dir DIR] [--json OUT]
-                                   [--emulate]
+                                   [--emulate] [--sglang-src DIR]
 
 Parts (each in its own error handling; the JSON is written to ``--json``, default
 ``$OUT/gpu_check.json``, after every part, and printed at the end): environment,
@@ -10,8 +10,9 @@ copy), checksums (``checksum.cu`` vs xxhash, and its GB/s), pipeline (a layer-ma
 restored as the server does it: kvikio window, checksums on the device, scatter on the
 window stream, on a worker thread that sets its device; vs one flat read), then the read
 path users run (``gpu_read_path.py``): restore_to_slots, memory_only, direct_flow and
-device_1 (a rank on GPU 1, when there are two).  The kernel parts need CuPy and a GPU,
-not kvikio.  At ``--bound-s`` the script writes and prints what it has and exits 3.
+device_1 (a rank on GPU 1, when there are two), and the linker's (``gpu_linker.py``):
+linker_flow, with its two fences proven by mutation on CUDA.  The kernel parts need CuPy
+and a GPU, not kvikio.  At ``--bound-s`` the script writes and prints what it has and exits 3.
 Without CUDA the GPU parts are skipped saying why; ``--emulate`` runs every part on the
 emulated device.  See benchmarks/README_gpu.md for the one device call.
 """
@@ -308,6 +309,9 @@ def main(argv=None) -> dict:
                    help="stop here, keeping the parts done (default 300)")
     p.add_argument("--emulate", action="store_true",
                    help="without CUDA, run every device part on the emulated device")
+    p.add_argument("--sglang-src", metavar="DIR",
+                   help="where SGLang does not import: a copy of its source files (the folder "
+                        "holding srt/), for the linker_flow part (README_gpu.md)")
     p.add_argument("--inject-failure", metavar="PART", default="",
                    help="for tests: PART raises, to show the other parts still run and report")
     a = p.parse_args(argv)
@@ -344,6 +348,7 @@ def main(argv=None) -> dict:
     work = a.dir or ROOT
     res["read_path_device"] = dev.name if dev is not None else None
     torch = torch_or_none()
+    import gpu_linker
     import gpu_read_path as rp
     parts = (
         ("environment", lambda: environment(gpus, kvikio_ok, why or kwhy)),
@@ -361,6 +366,8 @@ def main(argv=None) -> dict:
         ("direct_flow", (lambda: rp.direct_flow(dev, torch, work)) if reads else None),
         ("device_1", (lambda: rp.on_device_thread(dev1, rp.restore_to_slots, torch, work))
          if dev1 is not None and reads else None),
+        ("linker_flow", (lambda: gpu_linker.linker_flow(dev, torch, work, a.sglang_src))
+         if reads else None),
     )
     for name, fn in parts:
         t = time.perf_counter()

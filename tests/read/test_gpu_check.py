@@ -37,7 +37,7 @@ def report(tmp_path_factory):
 
 
 PARTS = ("environment", "correctness", "bandwidth", "checksums", "pipeline", "restore_to_slots",
-         "memory_only", "direct_flow", "device_1")
+         "memory_only", "direct_flow", "device_1", "linker_flow")
 
 
 def test_every_part_runs_on_the_emulated_device_and_a_failure_stays_in_its_part(report):
@@ -77,3 +77,17 @@ def test_direct_flow_part_with_the_stand_in_scheduler(report):
     assert "error" not in r, r
     assert r["ok"] and r["device"] == "emulated" and r["pages"] == 24
     assert r["inserted_len"] == 16 + 24 * 16 and r["locks_left"] == 0
+
+
+def test_linker_flow_part_restores_both_pools_and_refuses_a_flipped_page(report):
+    pytest.importorskip("sglang.srt.mem_cache.unified_cache.unified_cache_linker")
+    r = report["linker_flow"]
+    assert "error" not in r, r
+    assert r["ok"] and r["device"] == "emulated" and not r["sglang_from_source"]
+    for name in LAYOUTS:
+        row = r[name]
+        assert row["media"] == ["SSD"] * 5 + ["MEMORY"] * 2 and row["lookup_pages"] == 7
+        assert row["landed"] and row["wrong_layers"] == 0
+        assert (row["load"]["pages_from_memory"], row["load"]["pages_from_ssd"]) == (2, 5)
+        assert row["after_flip"] == {"landed": False, "lookup_pages": 4, "damaged": 1}
+    assert "skipped" in r["fences"]          # the fences need CUDA streams
