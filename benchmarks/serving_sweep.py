@@ -133,8 +133,11 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         res = run_rate(server, trace, base_rate / rate, a.num_prompts)
                     except RuntimeError as e:          # the server's own account, with it
-                        raise RuntimeError(f"{backend} at {rate} req/s: {e}\n--- the last "
-                                           f"lines of {log} ---\n{server.tail(6000)}") from e
+                        code = server.proc.poll() if server.proc is not None else None
+                        state = "running" if code is None else f"exited with {code}"
+                        raise RuntimeError(f"{backend} at {rate} req/s: {e}; the server is "
+                                           f"{state}\n--- the last lines of {log} ---\n"
+                                           f"{server.tail(6000)}") from e
                     rows.append(row(backend, rate, res))
                 backed = backup_tokens(server) if backend != "none" else 0
                 for r in rows:

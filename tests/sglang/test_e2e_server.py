@@ -243,7 +243,7 @@ def test_serving_sweep_runs_at_tiny_scale(tmp_path):
                         "--rates", "1", "--num-prompts", "12", "--workdir", str(tmp_path / "w"),
                         "--json", str(out), "--plot", str(png)],
                        capture_output=True, text=True, timeout=2400)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-9000:]   # with the server log's tail
     rows = json.loads(out.read_text())["rows"]
     assert [x["backend"] for x in rows] == ["flatcake", "file", "none"]
     assert all(x["requests_served"] == x["requests_sent"] == 12 for x in rows)
