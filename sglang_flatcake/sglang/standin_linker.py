@@ -76,7 +76,7 @@ def load_linker_contract(src: str | Path) -> bool:
     False, installing nothing, when SGLang itself imports."""
     try:
         import sglang.srt.mem_cache.unified_cache.unified_cache_linker as mod
-        return bool(getattr(mod, "__flatcake_from_source__", False))
+        return bool(vars(mod).get("__flatcake_from_source__"))     # our own marker, not SGLang's
     except ImportError:
         pass
     root = Path(src)
