@@ -20,11 +20,13 @@ transfer classes from them (``README_gpu.md``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import time
 from types import SimpleNamespace
+from unittest import mock
 
 from sglang_flatcake.read import device as dv
 from sglang_flatcake.sglang import standin
@@ -43,14 +45,6 @@ def _keys(n: int, seed: str, start: str | None = None) -> list[str]:
         h = hashlib.sha256(h + i.to_bytes(4, "little")).digest()
         out.append(h.hex())
     return out
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class Rig:
@@ -90,7 +84,7 @@ class Rig:
         to another stream while the copy still waits; nothing here waits on the host."""
         torch = self.torch
         span = slice(first_page * PAGE, (first_page + pages) * PAGE)
-        ctx = torch.cuda.stream(self.forward) if self.forward is not None else _nothing()
+        ctx = torch.cuda.stream(self.forward) if self.forward is not None else contextlib.nullcontext()
         if self.forward is not None:
             self.forward.wait_stream(torch.cuda.current_stream())
         with ctx:
@@ -256,9 +250,7 @@ def linker_flow(dev, torch, workdir, sglang_src: str | None = None) -> dict:
         return {"skipped": "torch missing (the linker's pools are torch tensors)"}
     from_source = load_linker_contract(sglang_src) if sglang_src else False
     on = "cuda" if dev.name == "cuda" else "cpu"
-    old = os.environ.get(dv.EMULATE_ENV)
-    os.environ[dv.EMULATE_ENV] = "1" if dev.name == "emulated" else "0"
-    try:
+    with mock.patch.dict(os.environ, {dv.EMULATE_ENV: "1" if dev.name == "emulated" else "0"}):
         res: dict = {"device": dev.name, "sglang_from_source": from_source}
         for name in POOLS:
             res[name] = _flow(torch, name, on, workdir)
@@ -277,8 +269,3 @@ def linker_flow(dev, torch, workdir, sglang_src: str | None = None) -> dict:
             res["fences"] = {"skipped": "needs CUDA streams (the host pool has one order)"}
         res["ok"] = ok
         return res
-    finally:
-        if old is None:
-            os.environ.pop(dv.EMULATE_ENV, None)
-        else:
-            os.environ[dv.EMULATE_ENV] = old

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -244,9 +245,8 @@ def direct_flow(dev, torch, workdir) -> dict:
     root = tempfile.mkdtemp(prefix="direct-", dir=workdir)
     st, keys, data = _store(root, lay)
     on = "cuda" if dev.name == "cuda" else "cpu"
-    old = os.environ.get(dv.EMULATE_ENV)
-    if dev.name == "emulated":
-        os.environ[dv.EMULATE_ENV] = "1"
+    env = mock.patch.dict(os.environ, {dv.EMULATE_ENV: "1"} if dev.name == "emulated" else {})
+    env.start()
     r = None
     try:
         want = st.alloc_blocks(24)
@@ -282,10 +282,7 @@ def direct_flow(dev, torch, workdir) -> dict:
             r.close()
         st.close()
         shutil.rmtree(root, ignore_errors=True)
-        if old is None:
-            os.environ.pop(dv.EMULATE_ENV, None)
-        else:
-            os.environ[dv.EMULATE_ENV] = old
+        env.stop()
 
 
 def bandwidth_emulated(dev) -> dict:

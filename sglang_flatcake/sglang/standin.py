@@ -18,6 +18,19 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 
+def module(name: str) -> types.ModuleType:
+    """``sys.modules[name]``, created empty (with its parents, each an attribute of the one
+    above) when missing; an existing module is returned as it is."""
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        sub = ".".join(parts[:i])
+        if sub not in sys.modules:
+            sys.modules[sub] = types.ModuleType(sub)
+            if i > 1:
+                setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], sys.modules[sub])
+    return sys.modules[name]
+
+
 def stub_sglang() -> bool:
     """Make ``sglang.srt.mem_cache.base_prefix_cache`` importable (True when stubbed)."""
     try:
@@ -34,10 +47,7 @@ def stub_sglang() -> bool:
         prev_prefix_len: int = 0
         inserted_len: int = 0
 
-    names = ["sglang", "sglang.srt", "sglang.srt.mem_cache", "sglang.srt.mem_cache.base_prefix_cache"]
-    for n in names:
-        sys.modules.setdefault(n, types.ModuleType(n))
-    m = sys.modules[names[-1]]
+    m = module("sglang.srt.mem_cache.base_prefix_cache")
     m.EvictParams = m.MatchPrefixParams = m.InsertParams = Params
     return True
 

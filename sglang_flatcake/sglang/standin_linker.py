@@ -15,9 +15,10 @@ never used by a server; where SGLang imports, nothing is installed.
 from __future__ import annotations
 
 import ast
-import sys
 import types
 from pathlib import Path
+
+from .standin import module
 
 FILES = {
     "sglang.srt.mem_cache.hicache_storage":
@@ -33,18 +34,6 @@ def get_device_module():
     """SGLang's ``sglang.srt.utils.get_device_module`` for CUDA and CPU."""
     import torch
     return torch.cuda if torch.cuda.is_available() else torch.cpu
-
-
-def _module(name: str) -> types.ModuleType:
-    """``sys.modules[name]``, created empty (with its parents) when missing."""
-    parts = name.split(".")
-    for i in range(1, len(parts) + 1):
-        sub = ".".join(parts[:i])
-        if sub not in sys.modules:
-            sys.modules[sub] = types.ModuleType(sub)
-            if i > 1:
-                setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], sys.modules[sub])
-    return sys.modules[name]
 
 
 def _exec_classes(name: str, path: Path, wanted: list[str]) -> types.ModuleType:
@@ -63,7 +52,7 @@ def _exec_classes(name: str, path: Path, wanted: list[str]) -> types.ModuleType:
     missing = sorted(set(wanted) - found)
     if missing:
         raise ImportError(f"{path} has no class {', '.join(missing)}: not SGLang 0.5.23's file")
-    mod = _module(name)
+    mod = module(name)
     mod.__file__, mod.__flatcake_from_source__ = str(path), True
     code = compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec")
     exec(code, mod.__dict__)           # noqa: S102 - SGLang's own source, the caller's copy
@@ -80,12 +69,13 @@ def load_linker_contract(src: str | Path) -> bool:
     except ImportError:
         pass
     root = Path(src)
-    utils = _module("sglang.srt.utils")
+    utils = module("sglang.srt.utils")
     utils.get_device_module = get_device_module
-    storage_name, linker_name = FILES
-    storage = _exec_classes(storage_name, root / FILES[storage_name][0], FILES[storage_name][1])
-    linker = _module(linker_name)
+    (storage_name, (storage_file, storage_classes)), \
+        (linker_name, (linker_file, linker_classes)) = FILES.items()
+    storage = _exec_classes(storage_name, root / storage_file, storage_classes)
+    linker = module(linker_name)
     linker.PoolName, linker.PoolTransfer = storage.PoolName, storage.PoolTransfer
     linker.device_module = get_device_module()
-    _exec_classes(linker_name, root / FILES[linker_name][0], FILES[linker_name][1])
+    _exec_classes(linker_name, root / linker_file, linker_classes)
     return True
