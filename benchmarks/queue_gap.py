@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -45,8 +46,11 @@ TARGET = 1.02          # two queues' mean and P99 within this of the better of F
 def _gap(args, st: Setup) -> dict:
     """The three measurements for every rate of one trace."""
     sz, disk, gpu = st.sizing, st.disk_model, st.gpu
+    n = len(st.trace.requests)
     out = {"system": args.queue_system, "model": st.model.name, "disk": disk.name,
-           "gpu": gpu.name, "trace": str(st.path), "requests": len(st.trace.requests),
+           "gpu": gpu.name, "trace": str(st.path), "requests": n,
+           # the replay's P99 is nearest-rank: with n requests, this many from the slowest
+           "p99_is_nth_slowest": n - math.ceil(0.99 * n) + 1,
            "restore_us_per_token": round(sz.kv_bytes_per_token / (disk.read_gib_s * GIB) * 1e6, 3),
            "recompute_us_per_token": round(1e6 / gpu.prefill_tps, 3), "rates": []}
     with tempfile.TemporaryDirectory(prefix="queue-gap-", dir=args.dir) as tmp:
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.agent_seeds:
         out = _gap(args, Setup(args))
     else:
-        out = {"system": args.queue_system, "target": TARGET, "traces": []}
+        out = {"system": args.queue_system, "target": TARGET, "traces": [],
+               "sessions": args.sessions or AgentSpec.sessions}
         with tempfile.TemporaryDirectory(prefix="agent-traces-", dir=args.dir) as tdir:
             for seed in [int(x) for x in args.agent_seeds.split(",") if x.strip()]:
                 path = Path(tdir) / f"agent_seed{seed}.jsonl"

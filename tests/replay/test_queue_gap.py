@@ -4,6 +4,7 @@ split, the ratios; and the tail split (``replay.metrics.tail_split``) of a decli
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,6 +39,29 @@ def test_queue_gap_tiny(tmp_path):
         assert 0 <= closed[pol]["ttft_p99_disk_share"] <= 1
         assert closed[pol]["recomputed_requests"] >= 0 and closed[pol]["recomputed_tokens"] >= 0
     assert list(tmp_path.iterdir()) == [out]          # the stores are removed
+
+
+def test_queue_gap_agent_seeds_names_the_sessions_and_the_p99_rank(tmp_path):
+    out = tmp_path / "gap.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "queue_gap.py"), "--agent-seeds",
+                        "3", "--sessions", "2", "--rates", "1", "--modes", "closed_loop",
+                        "--plot", "", "--dir", str(tmp_path), "--json", str(out)],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}"
+                                                        f"{os.environ.get('PYTHONPATH', '')}"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["sessions"] == 2 and doc["system"] == "flatcake"
+    (trace,) = doc["traces"]
+    assert trace["agent_seed"] == 3
+    n = trace["requests"]
+    assert n > 2
+    # nearest rank: the P99 of n requests is the ceil(0.99 n)-th fastest
+    assert trace["p99_is_nth_slowest"] == n - math.ceil(0.99 * n) + 1 >= 1
+    (rec,) = trace["rates"]
+    assert "fcfs_schedule" not in rec and rec["rate"] == 1       # no FCFS-schedule pass asked
+    assert doc["target_met_everywhere"] == rec["closed_loop"]["target_met"]
+    assert list(tmp_path.iterdir()) == [out]          # traces and stores are removed
 
 
 def test_tail_split_counts_the_wait_of_a_restore_declined_when_it_would_start():
