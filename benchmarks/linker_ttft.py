@@ -11,7 +11,7 @@ S is prefilled.  SSD restores are throttled (``FLATCAKE_TEST_SSD_DELAY_S_PER_MIB
 hook in both modes) so that restoring H takes about as long as prefilling S (``auto``: in a
 server of its own, H + S's TTFT less H + one token's, H on the device in both, over H's KV
 MiB; the difference of two uncached prefills, H + S less H, was tried first and priced S's
-prefill at a third of what it takes after a cache hit on this CPU).
+prefill at a third to two thirds of what it takes after a cache hit on this CPU).
 
 - linker: ``FlatCakeLinker``; the forward waits per layer, so S's prefill of layer l
   starts once layer l of H landed (restore and compute overlap);
@@ -23,10 +23,11 @@ the restore would cost if it were hidden completely.
 
 Same prompts, same run; prints the configuration and one JSON result line with the median
 TTFTs, ``ratio`` = linker / hicache (target <= 0.7) and, per mode, ``over_device`` (its
-restored TTFT over its device hit: 1 + 1/layers at best for the linker, whose first layer's
-restore cannot overlap), ``restore_added_s`` (restored TTFT less device hit) and
-``restore_hidden`` = 1 - linker's added / hicache's added: the share of the restore's cost that
-layer-wise loading hides.  On a CPU a device hit is mostly fixed cost (the scheduler, a decode
+restored TTFT over its device hit; for the linker about 1 + 1/layers when restore and prefill
+take as long and nothing else is in a device hit, as its first layer's restore cannot
+overlap), ``restore_added_s`` (restored TTFT less device hit) and ``restore_hidden`` = 1 -
+linker's added / hicache's added: the share of the restore's cost that layer-wise loading
+hides, at most 1 - 1/layers.  On a CPU a device hit is mostly fixed cost (the scheduler, a decode
 step), which ``ratio`` includes and ``restore_hidden`` does not.
 """
 
