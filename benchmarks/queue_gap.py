@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
 
 from sglang_flatcake.replay.generate import AgentSpec, generate, write
-from sglang_flatcake.replay.metrics import tail_split
+from sglang_flatcake.replay.metrics import nearest_rank, tail_split
 from sglang_flatcake.replay.run import Setup, add_arguments
 from sglang_flatcake.replay.sizes import GIB
 from sglang_flatcake.replay.traces import arrivals
@@ -49,8 +48,7 @@ def _gap(args, st: Setup) -> dict:
     n = len(st.trace.requests)
     out = {"system": args.queue_system, "model": st.model.name, "disk": disk.name,
            "gpu": gpu.name, "trace": str(st.path), "requests": n,
-           # the replay's P99 is nearest-rank: with n requests, this many from the slowest
-           "p99_is_nth_slowest": n - math.ceil(0.99 * n) + 1,
+           "p99_is_nth_slowest": n - nearest_rank(n, 99) + 1,
            "restore_us_per_token": round(sz.kv_bytes_per_token / (disk.read_gib_s * GIB) * 1e6, 3),
            "recompute_us_per_token": round(1e6 / gpu.prefill_tps, 3), "rates": []}
     with tempfile.TemporaryDirectory(prefix="queue-gap-", dir=args.dir) as tmp:

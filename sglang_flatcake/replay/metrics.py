@@ -43,14 +43,18 @@ TIMING_FIELDS = ("prefetch_s_mean", "prefetch_s_p99", "ssd_read_gib_s", "ttft_s_
                  "ttft_s_p50", "ttft_s_p99", "ttft_p99_disk_share", "throughput_rps")
 
 
+def nearest_rank(n: int, q: float) -> int:
+    """The rank (1 = fastest) of the ``q``-th percentile of ``n`` values, nearest-rank."""
+    if not 0 < q <= 100:
+        raise ValueError(f"percentile q must be in (0, 100], got {q}")
+    return max(1, math.ceil(q / 100 * n))
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile (``q`` in (0, 100]); None for no values."""
     if not values:
         return None
-    if not 0 < q <= 100:
-        raise ValueError(f"percentile q must be in (0, 100], got {q}")
-    s = sorted(values)
-    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+    return sorted(values)[nearest_rank(len(values), q) - 1]
 
 
 def mean(values: Sequence[float]) -> float | None:

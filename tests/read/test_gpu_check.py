@@ -6,13 +6,10 @@ flow), so one try on the GPU is enough."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import run_benchmark
 
 LAYOUTS = ("mha_bf16", "mla_bf16")      # benchmarks/gpu_read_path.py's LAYOUTS
 
@@ -21,12 +18,9 @@ LAYOUTS = ("mha_bf16", "mla_bf16")      # benchmarks/gpu_read_path.py's LAYOUTS
 def report(tmp_path_factory):
     """The JSON of one emulated run (the parts are checked one per test)."""
     d = tmp_path_factory.mktemp("gpu-check")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--emulate",
-                        "--size-gib", "0.01", "--repeat", "1", "--dir", str(d),
-                        "--json", str(d / "out.json"), "--inject-failure", "correctness"],
-                       env=env, capture_output=True, text=True, timeout=900)
+    r = run_benchmark("gpu_check.py", "--emulate", "--size-gib", "0.01", "--repeat", "1", "--dir",
+                      str(d), "--json", str(d / "out.json"), "--inject-failure", "correctness",
+                      timeout=900, CUDA_VISIBLE_DEVICES="")
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((d / "out.json").read_text())
     assert doc == json.loads(r.stdout.strip().splitlines()[-1])

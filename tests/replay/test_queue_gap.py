@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 from sglang_flatcake.replay.metrics import tail_split
-from tests.support import ROOT
+from tests.support import run_benchmark
 
 
 def test_queue_gap_tiny(tmp_path):
     out = tmp_path / "gap.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "queue_gap.py"), "--sessions",
-                        "2", "--seed", "4", "--rates", "1", "--plot", "", "--dir", str(tmp_path),
-                        "--json", str(out)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}"
-                                                        f"{os.environ.get('PYTHONPATH', '')}"})
+    r = run_benchmark("queue_gap.py", "--sessions", "2", "--seed", "4", "--rates", "1", "--plot",
+                      "", "--dir", str(tmp_path), "--json", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc == json.loads(r.stdout.strip().splitlines()[-1])
@@ -43,12 +37,9 @@ def test_queue_gap_tiny(tmp_path):
 
 def test_queue_gap_agent_seeds_names_the_sessions_and_the_p99_rank(tmp_path):
     out = tmp_path / "gap.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "queue_gap.py"), "--agent-seeds",
-                        "3", "--sessions", "2", "--rates", "1", "--modes", "closed_loop",
-                        "--plot", "", "--dir", str(tmp_path), "--json", str(out)],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}"
-                                                        f"{os.environ.get('PYTHONPATH', '')}"})
+    r = run_benchmark("queue_gap.py", "--agent-seeds", "3", "--sessions", "2", "--rates", "1",
+                      "--modes", "closed_loop", "--plot", "", "--dir", str(tmp_path), "--json",
+                      str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["sessions"] == 2 and doc["system"] == "flatcake"

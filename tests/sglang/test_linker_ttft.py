@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, run_benchmark
 
 pytest.importorskip("sglang.srt.mem_cache.unified_cache.unified_cache_linker")
 pytest.importorskip("transformers")
@@ -42,12 +39,9 @@ def test_summary_compares_each_mode_with_its_own_device_hit():
 
 def test_linker_ttft_tiny(tmp_path):
     out = tmp_path / "ttft.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "linker_ttft.py"), "--hidden",
-                        "64", "--history", "256", "--suffix", "64", "--reps", "1",
-                        "--work-dir", str(tmp_path / "w"),
-                        "--json", str(out)], capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}"
-                                                        f"{os.environ.get('PYTHONPATH', '')}"})
+    r = run_benchmark("linker_ttft.py", "--hidden", "64", "--history", "256", "--suffix", "64",
+                      "--reps", "1", "--work-dir", str(tmp_path / "w"), "--json", str(out),
+                      timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert json.loads(r.stdout.strip().splitlines()[-1])["ratio"] == doc["ratio"]

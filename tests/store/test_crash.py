@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from sglang_flatcake.store import FlatCakeStore
-from tests.support import ROOT, blocks_for
+from tests.support import blocks_for, repo_env
 from tests.support.crash_writer import LAYOUT, config_for, turn_keys
 
 def run_and_kill(root: Path, seed: str, known: set, new_acks: int, delay: float,
                  region: str = "") -> set[tuple[int, int]]:
     """Run the writer until it acknowledges ``new_acks`` turns not in ``known``, wait
     ``delay`` more seconds (so the kill lands inside a later write), then ``kill -9`` it."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = repo_env()
     p = subprocess.Popen([sys.executable, "-m", "tests.support.crash_writer", str(root), seed]
                          + ([region] if region else []),
                          stdout=subprocess.PIPE, env=env, text=True)

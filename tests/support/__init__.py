@@ -12,7 +12,9 @@ or from ``benchmarks/``; fixtures are in ``tests/conftest.py``."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,23 @@ from sglang_flatcake.layout import KVLayout
 
 ROOT = Path(__file__).resolve().parents[2]   # the repository
 
-__all__ = ["ROOT", "chain", "extend", "blocks_for", "mount_small_fs", "free_port"]
+__all__ = ["ROOT", "chain", "extend", "blocks_for", "mount_small_fs", "free_port", "repo_env",
+           "run_benchmark"]
+
+
+def repo_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the repository first on ``PYTHONPATH`` (a child
+    process imports ``sglang_flatcake`` from here), plus ``extra``."""
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            **extra}
+
+
+def run_benchmark(script: str, *args: str, timeout: float = 600,
+                  **env: str) -> subprocess.CompletedProcess:
+    """``python benchmarks/<script> args...`` as a user runs it, ``env`` added to the
+    environment (output captured as text)."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=timeout, env=repo_env(**env))
 
 
 def chain(n: int, seed: str = "a", start: bytes | None = None) -> list[str]:
