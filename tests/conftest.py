@@ -13,6 +13,22 @@ from tests.support import mount_small_fs
 from tests.support.redis_server import redis_url, secret_file  # noqa: F401  (fixtures)
 
 
+EMULATED_DELAY_S = 0.05
+
+
+@pytest.fixture(scope="session", autouse=True)
+def emulated_work_stays_pending():
+    """Every test runs the emulated devices with a small ``delay_s``: work that nothing
+    waited for is still pending when another stream uses its memory, so a missing wait is
+    a ``Hazard`` on every run instead of only when the machine is slow (CI stop 27)."""
+    from sglang_flatcake.read import emulated
+    for d in emulated.EMULATED_DEVICES:
+        d.delay_s = EMULATED_DELAY_S
+    yield
+    for d in emulated.EMULATED_DEVICES:
+        d.delay_s = 0.0
+
+
 @pytest.fixture
 def layout() -> KVLayout:
     return KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)

@@ -151,9 +151,9 @@ def test_emulated_device_launch_verifies_and_sums():
     dev = dv.EMULATED
     window, src, want = window_with_pieces(1500, 6, shift=5)
     window[src[2]] ^= 1
-    dwin = dev.upload(window)
-    ok = dev.empty(6)
     s = dev.stream()
+    dwin = dev.upload(window, s)        # on the launches' stream: the legacy stream would race
+    ok = dev.empty(6)
     ck.verify_on_device(dev, dwin, src, want, 1500, ok, s)
     sums = ck.sums_on_device(dev, dwin, src, 1500, s)
     assert isinstance(ok, dv.EmuArray)
