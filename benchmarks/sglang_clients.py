@@ -1,6 +1,7 @@
 """SGLang's own clients against real CPU servers, one per storage backend.
 
     python benchmarks/sglang_clients.py [--backends none,file,flatcake,flatcake-linker]
+        (a flatcake backend may carry settings: flatcake@publish_wait_ms=0)
         [--max-requests 20] [--max-blocks 24] [--max-output 16] [--slowdown 1.0]
         [--load cpu,disk] [--rounds 3] [--json OUT] [--table OUT.md] [--work-dir DIR]
     python benchmarks/sglang_clients.py --from-raw DIR [--json OUT] [--table OUT.md]
@@ -202,8 +203,10 @@ class Servers:
         for b in self.backends:
             store = self.store(b)
             store.mkdir(parents=True, exist_ok=True)
-            args = cpu_server_args(self.model, str(store), self.a.page, backend=b,
-                                   max_total_tokens=self.a.max_total_tokens)
+            base, settings = variant(b)
+            args = cpu_server_args(self.model, str(store), self.a.page, backend=base,
+                                   max_total_tokens=self.a.max_total_tokens,
+                                   extra_config=settings or None)
             t0 = time.monotonic()
             s = ServerProcess(args, log_path=str(self.work / f"{b}_server.log"))
             self.servers[b] = s
@@ -373,12 +376,39 @@ def table(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def variant(name: str) -> tuple[str, dict]:
+    """``flatcake@publish_wait_ms=0+queue_aging=0`` -> (``flatcake``, its settings): a
+    flatcake backend run with other settings, beside the plain one (a same-run ablation)."""
+    base, _, rest = name.partition("@")
+    settings = {}
+    for item in filter(None, rest.split("+")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"{item!r}: expected key=value")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key] = value
+    if settings:
+        if not base.startswith("flatcake"):
+            raise ValueError(f"settings are for flatcake backends, not {base!r}")
+        from sglang_flatcake.config import FlatCakeConfig
+        FlatCakeConfig.from_mapping(settings)             # a bad key or value stops here
+    return base, settings
+
+
 def backends_arg(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in names if x not in BACKENDS]
+    bad = [x for x in names if x.partition("@")[0] not in BACKENDS]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"--backends={text!r}: expected a comma list of "
-                                         f"{', '.join(BACKENDS)}")
+                                         f"{', '.join(BACKENDS)} (a flatcake one may add "
+                                         "@setting=value+...)")
+    for x in names:
+        try:
+            variant(x)
+        except Exception as e:
+            raise argparse.ArgumentTypeError(f"--backends: {x}: {e}") from None
     return names
 
 
@@ -420,11 +450,12 @@ def main(argv=None) -> int:
     config = {k: v for k, v in vars(a).items() if k not in ("json", "table")}
     if a.from_raw:
         work = Path(a.from_raw)
-        found = [b for b in BACKENDS if (work / f"{b}_pass1.jsonl").exists()]
-        if not found:
-            ap.error(f"--from-raw={a.from_raw}: no {{backend}}_pass1.jsonl in it")
         recorded = work / "config.json"
         config = json.loads(recorded.read_text()) if recorded.exists() else config
+        named = config["backends"] if recorded.exists() else list(BACKENDS)
+        found = [b for b in named if (work / f"{b}_pass1.jsonl").exists()]
+        if not found:
+            ap.error(f"--from-raw={a.from_raw}: no {{backend}}_pass1.jsonl in it")
         backends = found
     else:
         from sglang_flatcake.commands.tiny_model import cached_tiny_llama

@@ -162,6 +162,11 @@ class SchedConfig:
         0.5, "SSD-preparing queue: later arrivals may overtake a restore for at most this many "
              "times its own restore time (deadline order); 0: first come first served",
         allowed="a number >= 0", ok=lambda v: 0 <= v < float("inf"))
+    publish_wait_ms: float = setting(
+        20.0, "HiCache mode: after starting restores, the scheduler waits up to this long for "
+              "them to end, so a quick restore is admitted in the step it started, batched with "
+              "the requests that came with it, instead of one step later; 0: never waits",
+        allowed="0..1000", ok=lambda v: 0 <= v <= 1000)
     recompute_when_faster: bool = setting(
         True, "at admission, recompute a request's SSD part instead of restoring it when the "
               "restore (disk backlog included, measured restore rate) would end later than "

@@ -36,6 +36,7 @@ import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -290,6 +291,13 @@ class DirectRestorer:
 
         flow.future = self.pool.submit(work)
 
+    @staticmethod
+    def wait(flows: list[Flow], timeout_s: float) -> None:
+        """Block until every submitted restore of ``flows`` ended or ``timeout_s`` passed."""
+        futures = [f.future for f in flows if f.future is not None]
+        if futures:
+            wait_futures(futures, timeout=timeout_s)
+
     # -- 3. finish --------------------------------------------------------------------
     def local_result(self, flow: Flow) -> tuple[bool, int]:
         """(done, restored pages) as this rank sees it; a failed restore counts 0 pages."""
@@ -341,10 +349,11 @@ class DirectRestorer:
         finally:
             self.tree.dec_lock_ref(flow.anchor, flow.anchor_lock)
             flow.anchor = flow.anchor_lock = flow.slots = None
-        log.info("flatcake: restored %s: %d of %d tokens from %d (%.1f MiB from SSD) in %.3fs, "
-                 "host-pool gets %d; %d were on device already", flow.rid, tokens,
+        log.info("flatcake: restored %s: %d of %d tokens from %d (%.1f MiB from SSD) in %.3fs "
+                 "(worker %.3fs), host-pool gets %d; %d were on device already", flow.rid, tokens,
                  len(flow.key) - flow.prefix_start, flow.prefix_start, flow.ssd_bytes / (1 << 20),
-                 time.monotonic() - flow.started_at, self.backend.host_pool_gets, duplicate)
+                 time.monotonic() - flow.started_at, flow.io_s, self.backend.host_pool_gets,
+                 duplicate)
         return tokens, duplicate, held
 
     def _hold(self, key) -> Any:

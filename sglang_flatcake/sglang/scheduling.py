@@ -17,8 +17,10 @@ skipping requests whose storage prefetch is not done.  With flatcake these hooks
   arrival + ``--flatcake-queue-aging`` x own restore time, first, within
   ``--flatcake-prefetch-budget-bytes``; a
   prefetch that finds no budget or no free device slots waits and is never
-  cancelled; device slots go to picked flows in arrival order) and publishes the
-  restores every rank has finished.
+  cancelled; device slots go to picked flows in arrival order), waits up to
+  ``--flatcake-publish-wait-ms`` for the restores it just started (a quick one is then
+  admitted in this step, batched with the requests that came with it, not a step later)
+  and publishes the restores every rank has finished.
 - ``UnifiedRadixCache.check_prefetch_progress`` (AROUND): the admission gate.  A
   request whose restore has not been published is skipped, keeping its place,
   so it re-enters at its original arrival position once ready.  With
@@ -63,6 +65,7 @@ class FlatCakeScheduling:
         self.scheduler = scheduler
         self.restorer = DirectRestorer(scheduler, backend)
         self.single_queue = cfg.single_queue
+        self.publish_wait_s = cfg.publish_wait_ms / 1000
         self.now = time.monotonic()
         # depth 2: the restorer's one worker runs restores in turn, so the next one waits
         # there and starts as the current one ends, not a scheduler step later
@@ -146,21 +149,26 @@ class FlatCakeScheduling:
                     self.to_start.append(rid)
                 if f.ssd_bytes:
                     break
-        self._start_picked()
+        started = self._start_picked()
+        if started and self.publish_wait_s > 0:    # a quick restore joins this step's batch
+            self.restorer.wait(started, self.publish_wait_s)
+            c, ended = self.restorer.counters, sum(f.future.done() for f in started)
+            c["publish_waits"] = c.get("publish_waits", 0) + 1
+            c["published_in_start_step"] = c.get("published_in_start_step", 0) + ended
         self._publish_finished()
         self.restorer.counters.update(self.policy.waiting())   # queue sizes, for get_stats
         self.restorer.counters.update(self.estimates.stats())
         self.restorer.counters.update(self.ledger.stats())
 
-    def _start_picked(self) -> None:
-        """Start the picked flows that get device slots, in arrival order.  A flow that waits
+    def _start_picked(self) -> list[Flow]:
+        """Start the picked flows that get device slots, in arrival order; returns them.  A flow that waits
         for slots while something runs (so slots will come free) holds the later ones back,
         as SGLang's own admission stops at the first request that does not fit: otherwise
         every later small restore overtakes a large one for as long as small ones arrive
         (measured: a 2,640-token restore waited 7 s behind later ones, 12.7 s TTFT against
         4.8 s with no cache).  When nothing runs, waiting frees nothing, so later flows may
         still start.  The inputs are the same on every rank."""
-        still, blocked = [], False
+        still, blocked, started = [], False, []
         for rid in sorted(self.to_start, key=lambda r: self.arrival.get(r, 0)):
             flow = self.flows.get(rid)
             if flow is None or flow.state != "waiting":
@@ -178,7 +186,9 @@ class FlatCakeScheduling:
                 continue
             self.restorer.submit(flow)
             self.estimates.started(flow)
+            started.append(flow)
         self.to_start = still
+        return started
 
     def _busy(self) -> bool:
         """Whether something runs without admitting anyone: a request (its decode ends and

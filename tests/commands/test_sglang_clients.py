@@ -128,3 +128,20 @@ def test_pass2_rounds_give_the_median_round_and_the_median_paired_ratio(tmp_path
 def test_rounds_must_be_at_least_one(tmp_path):
     r = run("--rounds", "0", "--from-raw", str(tmp_path))
     assert r.returncode == 2 and "--rounds=0: expected >= 1" in r.stderr
+
+
+def test_a_flatcake_variant_is_its_own_backend_and_bad_settings_are_refused(tmp_path):
+    v = "flatcake@publish_wait_ms=0"
+    write(tmp_path, "none", [serving_line(4000, 9000, 50_000, 2_000, 0, 0)] * 2)
+    write(tmp_path, v, [serving_line(4000, 9000, 50_000, 2_000, 0, 0),
+                        serving_line(3000, 4500, 50_000, 2_000, 0, 30_000)])
+    (tmp_path / "config.json").write_text(json.dumps({"backends": ["none", v]}))
+    js = tmp_path / "out.json"
+    r = run("--from-raw", str(tmp_path), "--json", str(js))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(js.read_text())
+    assert res["ratios_to_none"][v]["pass2_mean_ttft_s"] == 0.75
+    r = run("--backends", "none,flatcake@publish_wait_ms=-1")
+    assert r.returncode == 2 and "publish_wait_ms=-1" in r.stderr and "0..1000" in r.stderr
+    r = run("--backends", "none@queue_aging=0")
+    assert r.returncode == 2 and "for flatcake backends, not 'none'" in r.stderr

@@ -7,6 +7,8 @@ its four calls are replaced so the queueing logic is checked step by step.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -17,7 +19,7 @@ pytest.importorskip("sglang.srt.managers.scheduler")
 
 from sglang_flatcake.config import FlatCakeConfig  # noqa: E402
 from sglang_flatcake.sglang import scheduling  # noqa: E402
-from sglang_flatcake.sglang.direct import Flow  # noqa: E402
+from sglang_flatcake.sglang.direct import DirectRestorer, Flow  # noqa: E402
 
 GB = 1 << 30
 
@@ -37,6 +39,7 @@ class FakeRestorer:
         self.counters: dict = {}
         self.slots_free = 10**6                  # what the device pool has free
         self.released: list[str] = []
+        self.ends_after: dict[str, float] = {}  # rid -> seconds its restore takes (else: never)
 
     def slot_room(self) -> int:
         return self.slots_free                   # nothing evictable
@@ -59,6 +62,12 @@ class FakeRestorer:
         flow.state = "running"
         flow.future = Future()
         self.started.append(flow.rid)
+        if flow.rid in self.ends_after:          # ends on its own, that many seconds later
+            t = threading.Timer(self.ends_after[flow.rid], flow.future.set_result, (None,))
+            t.daemon = True
+            t.start()
+
+    wait = staticmethod(DirectRestorer.wait)     # the real one, over the futures above
 
     def local_result(self, flow):
         return (flow.future.done(), 4 if flow.future.done() else 0)
@@ -124,6 +133,42 @@ def test_memory_hit_passes_an_ssd_restore_and_the_restore_reenters(make):
     finish(st, "long")
     st.pump()
     assert st.restorer.published == ["long"] and st.gate("long")
+
+
+def test_a_quick_restore_is_published_in_the_step_that_started_it(make):
+    st, sched, _ = make(publish_wait_ms=500)
+    st.restorer.ends_after["a"] = 0.02
+    arrive(st, sched, "a", 1 << 20)
+    st.pump()
+    assert st.restorer.published == ["a"] and st.gate("a")
+    assert st.restorer.counters["published_in_start_step"] == 1
+
+
+def test_with_no_publish_wait_a_quick_restore_is_published_a_step_later(make):
+    st, sched, _ = make(publish_wait_ms=0)
+    st.restorer.ends_after["a"] = 0.05
+    arrive(st, sched, "a", 1 << 20)
+    st.pump()
+    assert st.restorer.started == ["a"] and st.restorer.published == [] and not st.gate("a")
+    st.flows["a"].future.result(timeout=5)
+    st.pump()
+    assert st.restorer.published == ["a"] and st.gate("a")
+    assert "publish_waits" not in st.restorer.counters
+
+
+def test_a_slow_restore_holds_the_step_for_the_wait_only(make):
+    st, sched, _ = make(publish_wait_ms=60)
+    arrive(st, sched, "slow", 1 << 20)               # never ends by itself
+    t0 = time.monotonic()
+    st.pump()
+    took = time.monotonic() - t0
+    assert 0.06 <= took < 1.0
+    assert st.restorer.published == [] and not st.gate("slow")
+    assert st.restorer.counters["publish_waits"] == 1
+    assert st.restorer.counters["published_in_start_step"] == 0
+    t0 = time.monotonic()
+    st.pump()                                       # started earlier: this step does not wait
+    assert time.monotonic() - t0 < 0.05 and st.restorer.counters["publish_waits"] == 1
 
 
 def test_single_queue_holds_everything_behind_an_unready_head(make):
