@@ -34,7 +34,7 @@ READ_PATH = ["sglang_flatcake/read/window.py", "sglang_flatcake/read/window_run.
 TESTS = ["tests/read/test_window.py", "tests/read/test_scatter.py", "tests/read/test_checksum.py",
          "tests/read/test_device_emulation.py", "tests/read/test_real_cuda_modules.py",
          "tests/read/test_device_path.py", "tests/read/test_device_edges.py",
-         "tests/sglang/test_flow_cut.py"]
+         "tests/sglang/test_flow_cut.py", "tests/sglang/test_sglang_scheduling.py"]
 
 
 def unexecuted() -> list[str]:
