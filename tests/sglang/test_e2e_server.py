@@ -77,7 +77,8 @@ def reference(model, tmp_path_factory):
 
 
 RESTORED = re.compile(r"flatcake: restored (\S+): (\d+) of (\d+) tokens from (\d+) "
-                      r"\(([\d.]+) MiB from SSD\) in ([\d.]+)s, host-pool gets (\d+)")
+                      r"\(([\d.]+) MiB from SSD\) in ([\d.]+)s \(worker [\d.]+s\), "
+                      r"host-pool gets (\d+)")
 
 
 def restores(log_path) -> list[dict]:
