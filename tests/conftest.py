@@ -22,11 +22,12 @@ def emulated_work_stays_pending():
     waited for is still pending when another stream uses its memory, so a missing wait is
     a ``Hazard`` on every run instead of only when the machine is slow (CI stop 27)."""
     from sglang_flatcake.read import emulated
+    old = [d.delay_s for d in emulated.EMULATED_DEVICES]
     for d in emulated.EMULATED_DEVICES:
         d.delay_s = EMULATED_DELAY_S
     yield
-    for d in emulated.EMULATED_DEVICES:
-        d.delay_s = 0.0
+    for d, o in zip(emulated.EMULATED_DEVICES, old):
+        d.delay_s = o
 
 
 @pytest.fixture

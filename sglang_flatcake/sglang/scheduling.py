@@ -161,8 +161,8 @@ class FlatCakeScheduling:
         self.restorer.counters.update(self.ledger.stats())
 
     def _start_picked(self) -> list[Flow]:
-        """Start the picked flows that get device slots, in arrival order; returns them.  A flow that waits
-        for slots while something runs (so slots will come free) holds the later ones back,
+        """Start the picked flows that get device slots, in arrival order; returns them.  A flow
+        that waits for slots while something runs (so slots will come free) holds the later ones back,
         as SGLang's own admission stops at the first request that does not fit: otherwise
         every later small restore overtakes a large one for as long as small ones arrive
         (measured: a 2,640-token restore waited 7 s behind later ones, 12.7 s TTFT against
