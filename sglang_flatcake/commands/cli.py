@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..errors import FlatCakeError
+from . import interrupts
 from .demo_flags import split_server_flags
 
 
@@ -18,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parse(argv)
         cmd = f"flatcake {args.cmd}"
-        rc = _dispatch(args)
+        with interrupts.caught():        # a Ctrl-C a finalizer swallowed still ends in 130
+            rc = _dispatch(args)
+            interrupts.check()
         sys.stdout.flush()                # a closed pipe shows here, not at interpreter exit
         return rc
     except BrokenPipeError:

@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import interrupts
 from .demo_memory import memory_fields
 from .demo_report import Progress, closing_sentence, print_flatcake_counters, print_table, plot
 from .server_calls import DemoFailure, backup_tokens, flush, prometheus  # noqa: F401
@@ -108,18 +109,19 @@ def run_backend(args, backend: str, model: str, requests, work: Path) -> dict:
 
     store = Path(args.store_dir) / backend if args.store_dir and args.compare else \
         Path(args.store_dir) if args.store_dir else work / f"store-{backend}"
-    master = None
-    if backend == "mooncake":
-        try:
-            master = MooncakeMaster(work / "mooncake-master.log").start()
-        except (RuntimeError, TimeoutError, OSError) as e:
-            raise DemoFailure(f"mooncake_master did not start: {e}") from None
-    log = work / f"server-{backend}.log"
-    server = ServerProcess(server_args_for(args, backend, model, store,
-                                           master.port if master else None), log_path=str(log))
-    print(f"[demo] {backend}: starting sglang.launch_server (log: {log})", file=sys.stderr)
+    master = server = None
     shown = Progress()
-    try:
+    try:                                 # from here on a Ctrl-C stops whatever has started
+        if backend == "mooncake":
+            try:
+                master = MooncakeMaster(work / "mooncake-master.log").start()
+            except (RuntimeError, TimeoutError, OSError) as e:
+                raise DemoFailure(f"mooncake_master did not start: {e}") from None
+        log = work / f"server-{backend}.log"
+        server = ServerProcess(server_args_for(args, backend, model, store,
+                                               master.port if master else None),
+                               log_path=str(log))
+        print(f"[demo] {backend}: starting sglang.launch_server (log: {log})", file=sys.stderr)
         t0 = time.time()
         try:
             server.start(progress=lambda s, stage: shown.update(
@@ -260,6 +262,7 @@ def written_tokens(server, backend: str, page_size: int) -> int:
     names = ("flatcake_memory_blocks_written", "flatcake_ssd_blocks_written")
     last, since, deadline = None, time.time(), time.time() + 120
     while time.time() < deadline:
+        interrupts.check()
         m = prometheus(server, "flatcake_")
         v = sum(m.get(n, 0.0) for n in names)
         if v != last:

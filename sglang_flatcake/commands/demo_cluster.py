@@ -27,22 +27,41 @@ import tempfile
 import threading
 from pathlib import Path
 
+from . import interrupts
 from .server_calls import DemoFailure
 from .demo_cluster_steps import PAGE, TIMEOUT_S, reference, scenario
 
 def _start_all(servers) -> None:
+    """Start ``servers`` side by side, one thread each.  A Ctrl-C reaches every start (each
+    one's wait sees it through ``interrupts`` and stops its own server); every thread has
+    ended before the ``KeyboardInterrupt`` goes on, so none starts a server after it.  The
+    main thread waits on events, not ``Thread.join``: in Python 3.11 a join that a Ctrl-C
+    interrupts marks the thread as ended while it still runs, and a second join returns at
+    once."""
     errors = []
+    ended = [threading.Event() for _ in servers]
 
-    def start(s):
+    def start(s, done):
         try:
             s.start()
         except (RuntimeError, TimeoutError):
             errors.append(f"a server did not start: {s.failure_line()} (log: {s.log_path})")
-    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        except KeyboardInterrupt:
+            pass                         # the main thread has it too; s.start stopped s
+        finally:
+            done.set()
+    threads = [threading.Thread(target=start, args=(s, e)) for s, e in zip(servers, ended)]
+    try:
+        with interrupts.held():          # all started (none half-way) before a Ctrl-C
+            for t in threads:
+                t.start()
+        for e in ended:
+            e.wait()
+    except KeyboardInterrupt:
+        for t, e in zip(threads, ended):
+            if t.ident is not None:      # started (held() sees to that where SIGINT is ours)
+                e.wait()
+        raise
     if errors:
         raise DemoFailure(errors[0])
 
@@ -58,10 +77,7 @@ def run_nodes(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="flatcake-demo-nodes-"))
     print(f"[demo] building a tiny random Llama; work folder {work}", file=sys.stderr)
     model = str(build_tiny_llama(work / "tiny-llama"))
-    try:
-        directory = RedisServer(work / "redis").start()
-    except (RuntimeError, TimeoutError) as e:
-        raise DemoFailure(f"the directory did not start: {e}") from None
+    directory = RedisServer(work / "redis")          # started in the try below
     secret = work / "cluster.secret"
     with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(os.urandom(32).hex())
@@ -75,6 +91,10 @@ def run_nodes(args) -> int:
         "--flatcake-recompute-when-faster=false"]),       # the demo is about restores
         log_path=str(work / f"node{i}.log")) for i in range(2)]
     try:
+        try:
+            directory.start()
+        except (RuntimeError, TimeoutError) as e:
+            raise DemoFailure(f"the directory did not start: {e}") from None
         print("[demo] the reference server (no cache) answers every turn first ...",
               file=sys.stderr)
         _start_all([ref])                     # one at a time: SGLang checks free host memory

@@ -20,6 +20,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+from . import interrupts
 from .processes import Managed, wait_until
 from .server import free_port
 
@@ -85,12 +86,6 @@ class MooncakeMaster(Managed):
 
     def start(self, timeout: float = 30) -> "MooncakeMaster":
         log = open(self.log_path, "ab")
-        # its HTTP metrics/admin server too: on loopback and a free port (its default, 9003 on
-        # 0.0.0.0, made a second master on one machine exit with "Address already in use")
-        self.proc = subprocess.Popen(["mooncake_master", "--rpc_address=127.0.0.1",
-                                      f"--rpc_port={self.port}", "--metrics_host=127.0.0.1",
-                                      f"--metrics_port={free_port()}"], stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
 
         def listening() -> bool:
             if self.proc.poll() is not None:
@@ -102,8 +97,16 @@ class MooncakeMaster(Managed):
             except OSError:
                 return False             # not listening yet
         try:
+            # its HTTP metrics/admin server too: on loopback and a free port (its default, 9003
+            # on 0.0.0.0, made a second master on one machine exit with "Address already in use")
+            with interrupts.held():      # a Ctrl-C comes once self.proc names it
+                self.proc = subprocess.Popen(["mooncake_master", "--rpc_address=127.0.0.1",
+                                              f"--rpc_port={self.port}",
+                                              "--metrics_host=127.0.0.1",
+                                              f"--metrics_port={free_port()}"], stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
             wait_until(listening, timeout, f"mooncake_master to listen on {self.port}", 0.2)
-        except TimeoutError:
+        except BaseException:            # a timeout or a Ctrl-C: not left running
             self.stop()
             raise
         return self

@@ -2,7 +2,8 @@
 
 ``wait_until(cond, timeout, what)`` polls ``cond()`` until it returns something true (and
 returns that), or raises ``TimeoutError`` naming ``what``; a ``cond`` that raises stops
-the wait with its error.  ``stop_group(proc, grace)`` ends a process started with
+the wait with its error, and so does a Ctrl-C recorded by ``interrupts`` (checked each round,
+in any thread).  ``stop_group(proc, grace)`` ends a process started with
 ``start_new_session=True``: SIGTERM to its group, SIGKILL after ``grace`` seconds (or at
 once if a Ctrl-C interrupts the wait; the ``KeyboardInterrupt`` then goes on); a no-op
 when it has exited; a paused group is continued so that it can handle the SIGTERM.
@@ -19,10 +20,13 @@ import signal
 import subprocess
 import time
 
+from . import interrupts
+
 
 def wait_until(cond, timeout: float, what: str, every: float = 0.25):
     deadline = time.monotonic() + timeout
     while True:
+        interrupts.check()
         got = cond()
         if got:
             return got

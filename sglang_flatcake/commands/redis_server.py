@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from . import interrupts
 from .processes import Managed, wait_until
 from .server import free_port
 
@@ -20,7 +21,8 @@ class RedisServer(Managed):
         self.url = f"redis://{bind}:{self.port}/0"
 
     def start(self, timeout: float = 30) -> "RedisServer":
-        """Start it and wait for PING; ``RuntimeError`` when redis-server is missing or exits."""
+        """Start it and wait for PING; ``RuntimeError`` when redis-server is missing or exits.
+        A start that fails or is interrupted stops the redis-server it launched."""
         import redis
         exe = shutil.which("redis-server")
         if exe is None:
@@ -28,10 +30,6 @@ class RedisServer(Managed):
                                "redis-server)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "redis.log", "ab")
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", self.bind,
-                                      "--save", "", "--appendonly", "no",
-                                      "--dir", str(self.workdir)],
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         client = redis.Redis.from_url(self.url, socket_timeout=0.5)
 
         def answers() -> bool:
@@ -43,7 +41,15 @@ class RedisServer(Managed):
             except redis.ConnectionError:
                 return False                 # not listening yet
         try:
+            with interrupts.held():          # a Ctrl-C comes once self.proc names it
+                self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind",
+                                              self.bind, "--save", "", "--appendonly", "no",
+                                              "--dir", str(self.workdir)], stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
             wait_until(answers, timeout, "redis-server to answer PING", every=0.05)
+        except BaseException:                # a timeout or a Ctrl-C: not left running
+            self.stop()
+            raise
         finally:
             client.close()
         return self

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import interrupts
+
 BLOCK_TOKENS = 512              # tokens per hash id, as bench_serving's mooncake dataset
 
 
@@ -216,6 +218,7 @@ def replay(url: str, requests: list[TraceRequest], progress=None,
     for t in threads:
         t.start()
     while True:
+        interrupts.check()             # a Ctrl-C that a finalizer swallowed
         report()
         with changed:
             if counts["answered"] >= len(requests):

@@ -3,7 +3,8 @@
 ``ServerProcess`` launches the server in its own process group, waits for
 ``/health_generate`` (telling a ``progress(elapsed_s, stage)`` callback, once a second,
 what the start is waiting for: ``startup_stage`` reads it from the server's log), and
-kills the whole group on ``stop()``.  A CPU server runs with
+kills the whole group on ``stop()``; a start that fails or is interrupted (Ctrl-C, at any
+point of it) stops the server it launched before the exception goes on.  A CPU server runs with
 ``--device cpu --model-impl transformers`` and a capped ``--max-total-tokens``.
 """
 
@@ -19,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from . import interrupts
 from .processes import Managed, wait_until
 
 
@@ -127,9 +129,6 @@ class ServerProcess(Managed):
 
     def _start_once(self, timeout: float, progress=None, t0: float = 0.0) -> "ServerProcess":
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *self.args],
-                                     stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
 
         def healthy() -> bool:
             log = self.tail(64000)
@@ -146,11 +145,18 @@ class ServerProcess(Managed):
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 return False             # not listening yet
         try:
+            with interrupts.held():      # a Ctrl-C comes once self.proc names the server
+                self.proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server",
+                                              *self.args], stdout=out, stderr=subprocess.STDOUT,
+                                             env=self.env, start_new_session=True)
             wait_until(healthy, timeout, "the server to answer /health_generate", every=1.0)
         except TimeoutError:
             self.stop()
             raise TimeoutError(f"server not healthy after {timeout}s: {self.failure_line()} "
                                f"(log: {self.log_path})") from None
+        except BaseException:            # Ctrl-C, a port taken, an exit: no server left behind
+            self.stop()
+            raise
         return self
 
     def tail(self, n: int = 4000) -> str:

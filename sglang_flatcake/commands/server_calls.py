@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..store import FlatCakeStore
+from . import interrupts
 from .processes import wait_until
 
 
@@ -42,6 +43,7 @@ def backup_tokens(server, settle_s: float = 3.0, timeout: float = 120.0) -> int:
     name = "sglang:backuped_tokens_total"
     last, since, deadline = None, time.time(), time.time() + timeout
     while time.time() < deadline:
+        interrupts.check()
         v = prometheus(server, name).get(name, 0.0)
         if v != last:
             last, since = v, time.time()
