@@ -5,8 +5,11 @@ returns that), or raises ``TimeoutError`` naming ``what``; a ``cond`` that raise
 the wait with its error, and so does a Ctrl-C recorded by ``interrupts`` (checked each round,
 in any thread).  ``stop_group(proc, grace)`` ends a process started with
 ``start_new_session=True``: SIGTERM to its group, SIGKILL after ``grace`` seconds (or at
-once if a Ctrl-C interrupts the wait; the ``KeyboardInterrupt`` then goes on); a no-op
-when it has exited; a paused group is continued so that it can handle the SIGTERM.
+once if a Ctrl-C interrupts the wait; the ``KeyboardInterrupt`` then goes on); it returns
+once no process of the group runs (an SGLang server's scheduler and detokenizer exit after
+it); a no-op when it has exited; a paused group is continued so that it can handle the
+SIGTERM.  ``running_in_group(pgid)``: the group's processes that have not exited (zombies
+left for init to reap do not count), from ``/proc``.
 ``pause_group``/``resume_group`` stop and continue the whole group (SIGSTOP/SIGCONT: a
 paused server uses no CPU, so servers kept up side by side do not load each other).
 ``Managed`` gives a helper process class (``start`` returning itself, ``proc``,
@@ -37,11 +40,16 @@ def wait_until(cond, timeout: float, what: str, every: float = 0.25):
 
 def stop_group(proc: subprocess.Popen | None, grace: float) -> None:
     if proc is None or proc.poll() is not None:
-        return
+        return                           # (its pid may name another group by now)
+    deadline = time.monotonic() + grace
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         os.killpg(proc.pid, signal.SIGCONT)      # a paused group handles it only when continued
         proc.wait(timeout=grace)
+        while running_in_group(proc.pid):        # the leader's children, still exiting
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(proc.args, grace)
+            time.sleep(0.05)
     except subprocess.TimeoutExpired:
         _kill(proc)
     except KeyboardInterrupt:            # a second Ctrl-C while it shuts down: do not wait
@@ -57,6 +65,23 @@ def _kill(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         return                           # it ended between the two signals
     proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while running_in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def running_in_group(pgid: int) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()   # after "pid (comm)"
+            except (OSError, IndexError):
+                continue                 # it ended while we looked
+            if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                out.append(int(entry.name))
+    return out
 
 
 def pause_group(proc: subprocess.Popen | None) -> None:

@@ -1,12 +1,14 @@
 """sglang_flatcake.commands.processes: pausing, resuming and stopping a real process group."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from sglang_flatcake.commands.processes import Managed, wait_until
+from sglang_flatcake.commands.processes import Managed, running_in_group, stop_group, wait_until
 
 # a parent and a child (same group) that each append a tick to a file every 20 ms; like an
 # SGLang server, they handle SIGTERM themselves (a stopped process runs no handler)
@@ -73,3 +75,31 @@ def test_pausing_a_process_that_is_not_running_is_an_error_naming_it(tmp_path):
     t.stop()
     with pytest.raises(RuntimeError, match="cannot send SIGCONT"):
         t.resume()
+
+
+# a leader that exits at once on SIGTERM and a child (same group) that takes a second to,
+# as an SGLang server's scheduler does after the server process has gone
+SLOW_CHILD = r"""
+import signal, subprocess, sys, time
+if sys.argv[1] == "parent":
+    subprocess.Popen([sys.executable, "-c", sys.argv[2], "child", sys.argv[2]])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+else:
+    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), sys.exit(0)))
+print(sys.argv[1], flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_stop_returns_once_no_process_of_the_group_runs():
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CHILD, "parent", SLOW_CHILD],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert sorted(proc.stdout.readline().strip() for _ in range(2)) == ["child", "parent"]
+        assert len(running_in_group(proc.pid)) == 2
+        stop_group(proc, grace=30)
+        assert proc.returncode == 0 and running_in_group(proc.pid) == []
+    finally:
+        if running_in_group(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
