@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import select
 import signal
 import subprocess
@@ -71,39 +72,138 @@ def server_pids(marker: str) -> list[int]:
     return out
 
 
+def default_sigint() -> None:
+    """``preexec_fn``: SIGINT as a terminal's foreground job has it.  A test run started as a
+    background job of a non-interactive shell (``python -m pytest -q &``) has SIGINT ignored,
+    every process it starts inherits that, and Python keeps it: the demo under test would
+    carry on through the test's Ctrl-C (issue 33)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_the_demo_under_test_takes_sigint_even_where_the_test_run_ignores_it():
+    probe = [sys.executable, "-c", "import signal; h = signal.getsignal(signal.SIGINT); "
+             "print('ignored' if h == signal.SIG_IGN else 'Ctrl-C' "
+             "if h is signal.default_int_handler else h)"]
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)        # as under ``pytest &``
+    try:
+        inherited = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
+        reset = subprocess.run(probe, capture_output=True, text=True,
+                               preexec_fn=default_sigint).stdout.strip()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert (inherited, reset) == ("ignored", "Ctrl-C")
+
+
+# The stages of the demo's start a Ctrl-C is sent in: what the server's log shows once the
+# stage has begun (None: the demo builds its model, no server yet) and the stage that the
+# log then says the start waits for (server.startup_stage).
+CTRL_C_STAGES = {
+    "model build": (None, None),
+    "importing SGLang": ("", "Python to import SGLang"),
+    "scheduler start": ("server_args=", "the scheduler process to start (it imports SGLang "
+                                        "again)"),
+    "warm-up": ("Uvicorn running on", "the first request (warm-up)"),
+}
+STOP_BOUND_S = 20.0         # from the Ctrl-C to the demo's exit, under full CPU load
+
+
+@pytest.fixture(scope="module")
+def demo_models(tmp_path_factory):
+    """One model cache for the stages after the model build (built by the first of them)."""
+    return tmp_path_factory.mktemp("demo-models")
+
+
+def _read_until(proc, what: bytes, err: bytes, deadline: float) -> bytes:
+    while what not in err and time.time() < deadline:
+        if select.select([proc.stderr], [], [], 0.05)[0]:
+            chunk = os.read(proc.stderr.fileno(), 4096)
+            if not chunk:
+                break
+            err += chunk
+    assert what in err, err.decode(errors="replace")[-2000:]
+    return err
+
+
+def _wait_for(cond, deadline: float, what: str):
+    while time.time() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _server_group(store: Path, demo_pid: int) -> int | None:
+    """The process group of the server the demo launched (its own session, led by the
+    ``sglang.launch_server`` process that names the store), once there is one."""
+    for pid in server_pids(str(store)):
+        try:
+            if pid != demo_pid and os.getsid(pid) == pid:
+                return pid
+        except ProcessLookupError:
+            continue
+    return None
+
+
 @pytest.mark.e2e
-def test_ctrl_c_during_a_real_server_start_stops_it(tmp_path):
-    """The real command: SIGINT once the server is starting; no traceback, exit 130, and no
-    process is left with the demo's store directory on its command line."""
+@pytest.mark.parametrize("stage", list(CTRL_C_STAGES))
+def test_ctrl_c_at_each_stage_of_the_start_stops_the_demo_and_its_server(stage, tmp_path,
+                                                                         demo_models):
+    """The real command, Ctrl-C at a named stage: the server (once there is one) is paused
+    with SIGSTOP as soon as its log shows the stage, so the signal lands in that stage and
+    no later; CPU-bound loops on every core from the signal to the exit.  Exit 130 within
+    ``STOP_BOUND_S``, one line and no traceback, and no process left of the server's group
+    or with the demo's store directory on its command line."""
     pytest.importorskip("sglang.srt.server_args")
     pytest.importorskip("transformers")
+    from sglang_flatcake.commands.processes import running_in_group
+    from sglang_flatcake.commands.server import startup_stage
+    marker, want = CTRL_C_STAGES[stage]
     store = tmp_path / "ctrl-c-store"
-    env = {**os.environ, "FLATCAKE_DEMO_CACHE": str(tmp_path / "models")}
+    models = tmp_path / "models" if marker is None else demo_models
+    env = {**os.environ, "FLATCAKE_DEMO_CACHE": str(models)}
     proc = subprocess.Popen([sys.executable, "-m", "sglang_flatcake", "demo", "--num-requests",
                              "1", "--passes", "1", "--store-dir", str(store)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    err, deadline = b"", time.time() + 300
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=default_sigint)
+    deadline, pgid, loaders = time.time() + 600, None, []
     try:
-        while b"server starting" not in err and time.time() < deadline:
-            if select.select([proc.stderr], [], [], 1.0)[0]:
-                chunk = os.read(proc.stderr.fileno(), 4096)
-                if not chunk:
-                    break
-                err += chunk
-        assert b"server starting" in err, err.decode(errors="replace")[-2000:]
-        assert b"waiting for" in err                 # says what the start waits for
-        assert server_pids(str(store)), "the server was running when Ctrl-C came"
+        if marker is None:
+            err = _read_until(proc, b"building a tiny random Llama", b"", deadline)
+        else:
+            err = _read_until(proc, b"starting sglang.launch_server (log: ", b"", deadline)
+            err = _read_until(proc, b")\n", err, deadline)
+            log = Path(re.search(rb"starting sglang\.launch_server \(log: ([^)]+)\)",
+                                 err)[1].decode())
+            pgid = _wait_for(lambda: _server_group(store, proc.pid), deadline, "the server")
+            _wait_for(lambda: log.exists() and marker in log.read_text(errors="replace"),
+                      deadline, f"{marker!r} in {log}")
+            os.killpg(pgid, signal.SIGSTOP)
+            assert startup_stage(log.read_text(errors="replace")) == want, \
+                "the start went past the stage before the test paused it"
+        loaders = [subprocess.Popen(["sh", "-c", "while :; do :; done"])
+                   for _ in range(os.cpu_count() or 2)]
+        t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, rest = proc.communicate(timeout=180)
+        took = time.monotonic() - t0
+        text = (err + rest).decode(errors="replace")
+        assert proc.returncode == 130, text[-2000:]
+        assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-2000:]
+        assert text.strip().splitlines()[-1] == \
+            "flatcake demo: interrupted; the servers it started are stopped"
+        assert took < STOP_BOUND_S, f"the demo took {took:.1f}s to stop"
+        assert server_pids(str(store)) == []
+        assert pgid is None or running_in_group(pgid) == [], "a process of the server's group runs"
+        print(f"{stage}: exit 130 {took:.1f}s after the Ctrl-C")
     finally:
+        for p in loaders:
+            p.kill()
+            p.wait()
         if proc.poll() is None:
             proc.kill()
-    text = (err + rest).decode(errors="replace")
-    assert proc.returncode == 130, text[-2000:]
-    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-2000:]
-    assert text.strip().splitlines()[-1] == \
-        "flatcake demo: interrupted; the servers it started are stopped"
-    assert server_pids(str(store)) == []
+        if pgid is not None and running_in_group(pgid):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def test_progress_redraws_on_a_terminal_and_writes_spaced_lines_otherwise():
