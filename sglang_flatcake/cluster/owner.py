@@ -67,6 +67,7 @@ class OwnerService:
         self._tenants: dict[str, dict[str, dict[str, None]]] = {}  # tag -> session -> keys
         self._records: dict[str, dict[str, str]] = {}              # tag -> key -> record
         self._lock = threading.Lock()
+        self._nonces = wire.NonceRecord()      # the serving thread's: replays are refused
         self.counters = {"requests": 0, "refused": 0, "grants": 0, "expired": 0}
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.REP)
@@ -135,8 +136,10 @@ class OwnerService:
         nonce = ""
         try:
             req = wire.unseal(self.secret, raw)
-            nonce = wire.need(req, "nonce", str)[:64]
-            wire.fresh(req)
+            nonce = wire.need(req, "nonce", str)[:wire.MAX_NONCE_CHARS]
+            ts = wire.fresh(req)
+            if not self._nonces.admit(wire.nonce_of(req), ts, time.time()):
+                raise wire.WireError("request replayed (its nonce was seen already)")
             op, peer = wire.need(req, "op", str), wire.need(req, "from", str)[:128]
             if op == "fetch":
                 rep = self._fetch(peer, wire.need(req, "tag", str),

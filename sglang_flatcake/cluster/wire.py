@@ -6,7 +6,9 @@ cluster secret.  ``unseal`` checks the size (``MAX_MESSAGE``) and the MAC *befor
 then the shape, so a peer without the secret gets nothing parsed, and a malformed message is
 an error answer, never a stopped service.  Requests carry a fresh ``nonce`` that the reply
 echoes (``re``), so an old reply cannot stand in for a new one, and ``ts``, the sender's
-clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed later.
+clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed later; within
+that window the owner remembers every nonce it admitted (``NonceRecord``), so it cannot be
+replayed sooner either.
 
 - ``fetch {tag, keys, from}`` -> ``{hits, lease, peer, bytes, segments, records, ...}``: the
   owner stages the leading published run of ``keys`` for tenant ``tag`` in a staging slot
@@ -20,6 +22,7 @@ clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed l
 
 from __future__ import annotations
 
+import heapq
 import json
 import secrets
 import time
@@ -32,6 +35,8 @@ MAX_MESSAGE = 1 << 20          # bytes a message may have (checked before parsin
 MAX_SKEW_S = 30.0              # a request's ``ts`` this far from the owner's clock is refused
 MAX_KEY_CHARS = 256
 MAX_KEYS = 4096                # keys one request may name
+MIN_NONCE_CHARS, MAX_NONCE_CHARS = 16, 64
+NONCES_KEPT = 1 << 16          # the owner's record of seen nonces (bounded memory)
 
 
 class WireError(ValueError):
@@ -69,11 +74,60 @@ def need(msg: dict, name: str, kind: type | tuple):
     return v
 
 
-def fresh(msg: dict) -> None:
-    """``WireError`` unless ``msg['ts']`` is within ``MAX_SKEW_S`` of this node's clock."""
+def fresh(msg: dict) -> float:
+    """``msg['ts']`` when it is within ``MAX_SKEW_S`` of this node's clock; else
+    ``WireError``."""
     ts = need(msg, "ts", (int, float))
     if not abs(time.time() - ts) <= MAX_SKEW_S:
         raise WireError(f"request ts={ts!r} is stale or from the future")
+    return float(ts)
+
+
+def nonce_of(msg: dict) -> str:
+    """The request's ``nonce``: a string of ``MIN_NONCE_CHARS..MAX_NONCE_CHARS``; else
+    ``WireError``."""
+    nonce = need(msg, "nonce", str)
+    if not MIN_NONCE_CHARS <= len(nonce) <= MAX_NONCE_CHARS:
+        raise WireError(f"nonce of {len(nonce)} chars: expected {MIN_NONCE_CHARS}.."
+                        f"{MAX_NONCE_CHARS}")
+    return nonce
+
+
+class NonceRecord:
+    """The nonces of the requests an owner admitted within the freshness window, so a
+    captured request sent again is refused.  Holds at most ``capacity``: when full, the
+    entry with the oldest ``ts`` is dropped and every request that old or older is refused
+    from then on (it could be a replay of what was dropped).  Entries older than the window
+    (``MAX_SKEW_S``) are dropped as requests arrive.  Not thread-safe: the owner's one
+    serving thread owns it."""
+
+    def __init__(self, capacity: int = NONCES_KEPT) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity!r} is not allowed: expected >= 1")
+        self.capacity = capacity
+        self._seen: set[str] = set()
+        self._by_ts: list[tuple[float, str]] = []     # heap: oldest ts first
+        self._floor = float("-inf")                   # requests this old are refused
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def admit(self, nonce: str, ts: float, now: float) -> bool:
+        """True (and remembered) for a nonce not seen before and newer than what was
+        dropped to stay within ``capacity``; False for a replay."""
+        while self._by_ts and self._by_ts[0][0] < now - MAX_SKEW_S:
+            self._seen.discard(heapq.heappop(self._by_ts)[1])
+        if nonce in self._seen or ts <= self._floor:
+            return False
+        if len(self._seen) >= self.capacity:
+            old_ts, old = heapq.heappop(self._by_ts)
+            self._seen.discard(old)
+            self._floor = max(self._floor, old_ts)
+            if ts <= self._floor:
+                return False
+        self._seen.add(nonce)
+        heapq.heappush(self._by_ts, (ts, nonce))
+        return True
 
 
 def keys_of(msg: dict, most: int = MAX_KEYS) -> list[str]:
@@ -86,7 +140,7 @@ def keys_of(msg: dict, most: int = MAX_KEYS) -> list[str]:
 
 
 def _request(op: str, sender: str, **fields) -> dict:
-    return {"op": op, "from": sender, "nonce": secrets.token_hex(8), "ts": time.time(), **fields}
+    return {"op": op, "from": sender, "nonce": secrets.token_hex(16), "ts": time.time(), **fields}
 
 
 def fetch_request(tag: str, keys: list[str], sender: str) -> dict:

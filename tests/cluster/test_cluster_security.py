@@ -235,12 +235,12 @@ def test_malformed_and_oversized_messages_are_answered_and_the_owner_keeps_servi
         rep = send_raw(svc.endpoint, raw)
         assert rep is not None and b"error" in rep, raw[:30]
     # a member's malformed requests (authenticated, wrong shapes) are answered too
-    for msg in ([], {"op": "ack", "lease": 1e308, "from": "m", "nonce": "n", "ts": time.time()},
-                {"op": "fetch", "tag": 5, "keys": ssd, "from": "m", "nonce": "n",
+    for msg in ([], {"op": "ack", "lease": 1e308, "from": "m", "nonce": os.urandom(16).hex(), "ts": time.time()},
+                {"op": "fetch", "tag": 5, "keys": ssd, "from": "m", "nonce": os.urandom(16).hex(),
                  "ts": time.time()},
-                {"op": "fetch", "tag": "t", "keys": [[1]], "from": "m", "nonce": "n",
+                {"op": "fetch", "tag": "t", "keys": [[1]], "from": "m", "nonce": os.urandom(16).hex(),
                  "ts": time.time()},
-                {"op": "fetch", "tag": "t", "keys": ssd, "from": "m", "nonce": "n", "ts": 1.0}):
+                {"op": "fetch", "tag": "t", "keys": ssd, "from": "m", "nonce": os.urandom(16).hex(), "ts": 1.0}):
         rep = wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(SECRET, msg)))
         assert rep["error"].startswith("bad request"), msg
     rep = send_raw(svc.endpoint, b"\0" * (2 << 20))          # over the limit: an answer
