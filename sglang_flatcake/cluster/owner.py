@@ -19,10 +19,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ConfigError, FlatCakeError
 from . import wire
 from .directory import Directory
 from .owner_read import publish_records, stage_run
+from .seal import grant_cipher, seal_block, sealed_bytes
 from .secret import ClusterSecret
 from .transfer import Engine, check_host
 
@@ -62,6 +65,8 @@ class OwnerService:
         self.secret = secret
         self.slot_blocks, self.lease_s, self.grants_per_peer = slot_blocks, lease_s, grants_per_peer
         self.staging = store.alloc_blocks(slots * slot_blocks)    # aligned for O_DIRECT
+        self.sealed = np.zeros((slots * slot_blocks, sealed_bytes(store.layout.block_bytes)),
+                               np.uint8)     # what peers may read, for its grant only
         self._leases: dict[int, _Lease] = {}                       # slot -> lease
         self._free = list(range(slots))
         self._tenants: dict[str, dict[str, dict[str, None]]] = {}  # tag -> session -> keys
@@ -143,7 +148,7 @@ class OwnerService:
             op, peer = wire.need(req, "op", str), wire.need(req, "from", str)[:128]
             if op == "fetch":
                 rep = self._fetch(peer, wire.need(req, "tag", str),
-                                  wire.keys_of(req)[:self.slot_blocks])
+                                  wire.keys_of(req)[:self.slot_blocks], nonce)
             elif op == "ack":
                 rep = self._ack(peer, wire.need(req, "lease", str))
             else:
@@ -174,7 +179,7 @@ class OwnerService:
         self._free.append(slot)
         return lease
 
-    def _fetch(self, peer: str, tag: str, keys: list[str]) -> dict:
+    def _fetch(self, peer: str, tag: str, keys: list[str], nonce: str) -> dict:
         with self._lock:
             recs = self._records.get(tag, {})
             n = next((i for i, k in enumerate(keys) if k not in recs), len(keys))
@@ -189,11 +194,13 @@ class OwnerService:
         pin = addr = None
         try:
             pin = self.store.read_lease(keys[:n])       # pinned until the ack or the lease ends
-            view = self.staging[slot * self.slot_blocks: slot * self.slot_blocks + pin.n]
-            got = stage_run(self.store, pin, view, view.ctypes.data)
+            at = slice(slot * self.slot_blocks, slot * self.slot_blocks + pin.n)
+            aead = grant_cipher(self.secret, peer, self.engine.session, nonce)
+            got = stage_run(self.store, pin, self.staging[at], self.sealed[at],
+                            lambda i, plain, out: seal_block(aead, i, tag, keys[i], plain, out))
             if got.hits == 0:
                 raise _NotStored
-            addr = self.engine.register(view[:got.hits])
+            addr = self.engine.register(self.sealed[at][:got.hits])
             lease = _Lease(secrets.token_hex(16), peer, slot, addr, keys[:got.hits],
                            time.monotonic() + self.lease_s, pin)
             with self._lock:
@@ -210,7 +217,7 @@ class OwnerService:
             raise
         self.counters["grants"] += 1
         return {"hits": got.hits, "lease": lease.id, "peer": self.engine.session,
-                "bytes": got.hits * self.store.layout.block_bytes, "segments": got.segments,
+                "bytes": got.hits * self.sealed.shape[1], "segments": got.segments,
                 "records": records[:got.hits], "from_ssd": got.from_ssd,
                 "read_commands": got.read_commands}
 

@@ -4,17 +4,20 @@
 ``chunk_blocks``, pipelined: two chunks move at once (one Transfer Engine read each into a
 receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
 next into another staging slot meanwhile (at most two of its slots held), and a landed
-chunk is verified on a verifier thread while the next ones move.  Every block is verified
-against the *writing node's* record of it (``wire.block_record``: a MAC under the cluster
-secret over its per-layer xxh3_64 checksums, made at publish time), never against anything
-the owner computes at serve time; every chunk is acked, and only then is the verified leading
-run copied into ``out``.
+chunk is verified on a verifier thread while the next ones move.  The owner seals every
+block for this grant (``seal``: AES-GCM under a key derived from both nodes' keys and the
+request's nonce); each sealed block lands in ``landing`` and is opened with that key into
+``buf`` (a tampered or foreign block does not open), then checked against the *writing
+node's* record of it (``wire.block_record``: a MAC under the cluster secret over its
+per-layer xxh3_64 checksums, made at publish time: the disk, the staging slot and the wire
+end to end); every chunk is acked, and only then is the verified leading run copied into
+``out``.
 
-The receive buffer is not reachable by peers while it is verified or scattered: over ``tcp``
-it is never registered (the engine reads into unregistered memory); over ``rdma`` it is
-registered for one fetch and unregistered once its last transfer has ended, before
-verification.  A buffer a late transfer may still write is set aside (at most
-``MAX_SET_ASIDE``; beyond that a fetch is a miss until they end).
+No transfer ever targets ``buf``.  The landing buffer is not reachable by peers while it is
+opened: over ``tcp`` it is never registered (the engine reads into unregistered memory); over
+``rdma`` it is registered for one fetch and unregistered once its last transfer has ended.
+A landing buffer a late transfer may still write is set aside (at most ``MAX_SET_ASIDE``;
+beyond that a fetch is a miss until they end).
 
 Every step shares one deadline (``timeout_s``): a dead, slow or partitioned owner is
 ``RemoteResult(hits=0, reason=...)`` by then, never a hang, and ``out`` is untouched unless
@@ -36,6 +39,7 @@ import xxhash
 from ..errors import ConfigError
 from ..layout import KVLayout
 from . import wire
+from .seal import grant_cipher, open_block, sealed_bytes
 from .secret import ClusterSecret
 from .transfer import Engine, ReadResult
 from .wire import ack_request, block_record, fetch_request
@@ -53,9 +57,10 @@ class RemoteResult:
 
 
 class RemoteReader:
-    """Fetches from remote owners through ``engine``.  Owns one registered receive buffer
-    of ``max_blocks`` blocks; a buffer a late transfer may still write is set aside (kept
-    alive, never reused) and a fresh one registered."""
+    """Fetches from remote owners through ``engine``.  Owns a landing buffer of
+    ``max_blocks`` sealed blocks and ``buf``, the blocks opened from it; a landing buffer a
+    late transfer may still write is set aside (kept alive, never reused) and a fresh one
+    made."""
 
     MAX_SET_ASIDE = 4
 
@@ -77,13 +82,16 @@ class RemoteReader:
         self._idle: dict[str, list] = {}          # endpoint -> REQ sockets ready to send
         self._verifier = ThreadPoolExecutor(1, thread_name_prefix="fc-verify")
         self._set_aside: list[tuple[np.ndarray, list[threading.Event]]] = []
+        self.sealed_bytes = sealed_bytes(layout.block_bytes)
+        self.buf = np.zeros((max_blocks, layout.layers, layout.block_layer_bytes), np.uint8)
         self._new_buffer()
 
     def _new_buffer(self) -> None:
+        """A fresh landing buffer (sealed blocks as they come off the wire; ``buf`` holds
+        only what was opened from it with the grant's key, and no transfer targets it)."""
         self._prune()
-        self.buf = np.zeros((self.max_blocks, self.layout.layers, self.layout.block_layer_bytes),
-                            np.uint8)
-        self.buf_addr = self.buf.ctypes.data
+        self.landing = np.zeros((self.max_blocks, self.sealed_bytes), np.uint8)
+        self.landing_addr = self.landing.ctypes.data
 
     def _prune(self) -> None:
         """Forget set-aside buffers whose late transfers have all ended."""
@@ -167,9 +175,9 @@ class RemoteReader:
             return RemoteResult(0, 0, 0.0, "too many late transfers")
         tag, me = self.secret.tag(tenant), self.engine.session
         if self.engine.registers_local:        # rdma: reachable for this fetch only
-            self.engine.register(self.buf)
+            self.engine.register(self.landing)
         good, moved, reason, t_grant, cmds = 0, 0, "", 0.0, 0
-        bb = self.layout.block_bytes
+        sb = self.sealed_bytes
         acks: list[list] = []       # [chunk start, socket until answered else None, answer]
         jobs, failed, flying = [], None, None   # flying: (start, n, (tag, keys, records), job, lease)
 
@@ -180,7 +188,7 @@ class RemoteReader:
             if not r.ok:
                 failed = r
                 return False
-            moved += chunk[1] * bb
+            moved += chunk[1] * sb
             acks.append([chunk[0], self._send(endpoint, ack_request(chunk[4], me)), None])
             return True
 
@@ -199,6 +207,7 @@ class RemoteReader:
 
         pending = self._send(endpoint, fetch_request(tag, chunks[0][1], me))
         for k, (start, ck) in enumerate(chunks):
+            asked_nonce = pending[1]
             grant = self._recv(pending, deadline)
             pending = None
             if grant is None:
@@ -207,7 +216,7 @@ class RemoteReader:
             if grant.get("error") or not grant.get("hits"):
                 reason = grant.get("error") or grant.get("reason", "miss")
                 break
-            fields = wire.grant_fields(grant, len(ck), bb)
+            fields = wire.grant_fields(grant, len(ck), sb)
             if fields is None:
                 reason = "bad grant"
                 break
@@ -222,9 +231,10 @@ class RemoteReader:
                 break
             # two transfers in flight: this chunk starts while the previous one lands
             jobs.append(self.engine.start_read(
-                grant["peer"], [self.buf_addr + (start + int(s[0])) * bb for s in segs],
+                grant["peer"], [self.landing_addr + (start + int(s[0])) * sb for s in segs],
                 [int(s[1]) for s in segs], [int(s[2]) for s in segs]))
-            prev, flying = flying, (start, n, (tag, ck, records), jobs[-1], grant["lease"])
+            aead = grant_cipher(self.secret, me, grant["peer"], asked_nonce)
+            prev, flying = flying, (start, n, (tag, ck, records, aead), jobs[-1], grant["lease"])
             if prev is not None and not land(prev):
                 break
             if acks and acks[-1][1] is not None:   # the landed chunk's slot is free again
@@ -250,7 +260,7 @@ class RemoteReader:
             # still write is set aside until every transfer into it has ended
             late = [e for e in (j.wait(0).quarantined for j in jobs) if e is not None]
             if late:
-                self._set_aside.append((self.buf, late))
+                self._set_aside.append((self.landing, late))
                 self._new_buffer()
             else:
                 self._unexpose()
@@ -278,16 +288,19 @@ class RemoteReader:
                             reason if good < len(keys) else "", cmds, t_grant)
 
     def _unexpose(self) -> None:
-        """Unregister the receive buffer (rdma; call once every transfer into it ended)."""
+        """Unregister the landing buffer (rdma; call once every transfer into it ended)."""
         if self.engine.registers_local:
-            self.engine.unregister(self.buf_addr)
+            self.engine.unregister(self.landing_addr)
 
     def _verified(self, start: int, n: int, asked) -> int:
-        """Leading blocks of ``buf[start:start + n]`` that match the writer's records."""
-        tag, keys, records = asked
+        """Leading blocks of ``landing[start:start + n]`` that open with the grant's key into
+        ``buf[start:start + n]`` and match the writer's records."""
+        tag, keys, records, aead = asked
         h = xxhash.xxh3_64_intdigest
         sums = np.empty(self.layout.layers, np.uint64)
         for i in range(n):
+            if not open_block(aead, i, tag, keys[i], self.landing[start + i], self.buf[start + i]):
+                return i
             for j in range(self.layout.layers):
                 sums[j] = h(self.buf[start + i, j])
             if not hmac.compare_digest(block_record(self.secret, tag, keys[i], sums), records[i]):

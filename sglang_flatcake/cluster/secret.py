@@ -74,6 +74,15 @@ class ClusterSecret:
                 return False
         return hmac.compare_digest(tag, self.mac(purpose, *parts))
 
+    def node_key(self, node: str) -> bytes:
+        """Node ``node``'s 32-byte key: HKDF-SHA256 of the cluster secret with the node's
+        name as info.  Any holder of the cluster secret can derive it (not a per-node secret:
+        docs/cluster-security.md)."""
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+        return HKDF(hashes.SHA256(), 32, b"flatcake-node", b"node|" + node.encode()
+                    ).derive(self._key)
+
     def tag(self, tenant: str) -> str:
         """The tenant's (``cache_salt``'s) key-space prefix: keyed, so nobody without the
         secret can link a tag to its salt or guess one."""

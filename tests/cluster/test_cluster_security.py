@@ -120,8 +120,9 @@ def test_bytes_written_into_a_granted_slot_are_a_miss_not_served(served, attacke
             _, addr, n = grant["segments"][0]
             junk = np.full(n, 7, np.uint8)
             bb = LAYOUT.block_bytes
+            sb = bb + 16                           # a sealed block: ciphertext and tag
             assert attacker._te.transfer_sync_write(grant["peer"], junk.ctypes.data,
-                                                    addr + 3 * bb, bb) == 0
+                                                    addr + 3 * sb, bb) == 0
         out = empty(8)
         r = RemoteReader(member, LAYOUT, SECRET, timeout_s=BOUND).fetch(
             svc.endpoint, "", ssd, out, on_grant=overwrite)
