@@ -219,8 +219,10 @@ def test_forged_directory_entries_and_leases_are_not_followed(redis_url):  # noq
         page = next(k for k in r.scan_iter("fc:t:*:p:*"))
         prefix = page.rsplit(":p:", 1)[0] + ":p:"
         r.set("fc:n:9", "abcd|tcp://10.6.6.6:1|" + "0" * 32)
-        for k in keys[3:]:
-            r.set(prefix + k, "9|abcd|" + "0" * 32)
+        from sglang_flatcake.cluster.redis_entries import page_name
+        tag = prefix.split(":t:", 1)[1][:-3]
+        for k in keys[3:]:       # (names are keyed: the test gives the attacker the right ones)
+            r.set(prefix + page_name(SECRET, tag, k), "9|abcd|" + "0" * 32)
         found = reader.lookup("", keys)
         assert found.hits == 3 and 9 not in found.endpoints and reader.forged >= 1
     finally:
