@@ -34,8 +34,8 @@ import logging
 import os
 import threading
 from typing import Sequence
-from urllib.parse import urlsplit, urlunsplit
 
+from ..config_check import redact_url
 from ..errors import ConfigError
 from .directory import Directory, DirectoryError, Lookup
 from .redis_entries import lease_value, page_name, parse_entry, parse_node, valid_lease
@@ -46,13 +46,8 @@ log = logging.getLogger("sglang_flatcake")
 
 
 def redis_url_for_logs(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    u = urlsplit(url)
-    if u.password is None:
-        return url
-    host = u.hostname + (f":{u.port}" if u.port else "")
-    user = f"{u.username}:***@" if u.username else ":***@"
-    return urlunsplit((u.scheme, user + host, u.path, u.query, u.fragment))
+    """``url`` with any password replaced by ``***`` (``config_check.redact_url``)."""
+    return redact_url(url)
 
 
 class RedisDirectory(Directory):

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import struct
 
 from ..errors import ConfigError
+from .secret_file import MIN_SECRET_BYTES, read_secret_file
 
-MIN_SECRET_BYTES = 16
 MAC_BYTES = 16
 
 
@@ -35,24 +34,10 @@ class ClusterSecret:
 
     @classmethod
     def from_file(cls, path: str) -> "ClusterSecret":
-        """Read the secret from ``path`` (a trailing newline is dropped).  ``ConfigError``
-        names the path (never the contents) when it is missing, short, or readable by
-        other users."""
-        try:
-            st = os.stat(path)
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise ConfigError(f"cluster_secret_file={path!r} could not be read: "
-                              f"{e.strerror}") from e
-        if st.st_mode & 0o077:
-            raise ConfigError(f"cluster_secret_file={path!r} is readable by group or others "
-                              f"(mode {st.st_mode & 0o777:o}): chmod 600 it")
-        data = data.rstrip(b"\r\n")
-        if len(data) < MIN_SECRET_BYTES:
-            raise ConfigError(f"cluster_secret_file={path!r} holds {len(data)} bytes: expected "
-                              f"at least {MIN_SECRET_BYTES}")
-        return cls(data)
+        """Read the secret from ``path`` (``secret_file.read_secret_file``: a private
+        regular file of this user in a private directory, at least 32 bytes of varied
+        content).  ``ConfigError`` names the path (never the contents) when it is not."""
+        return cls(read_secret_file(path))
 
     def mac(self, purpose: bytes, *parts: bytes | str | int) -> bytes:
         """A 16-byte keyed BLAKE2b of ``parts`` (each length-prefixed) for ``purpose``

@@ -152,7 +152,7 @@ def test_a_node_without_the_secret_gets_nothing(served):
     other = Engine("127.0.0.1")
     try:
         out = empty(8)
-        r = RemoteReader(other, LAYOUT, ClusterSecret(b"a-different-secret-entirely"),
+        r = RemoteReader(other, LAYOUT, ClusterSecret(b"a-different-secret-entirely-0123456"),
                          timeout_s=BOUND).fetch(svc.endpoint, "", ssd, out)
         assert r.hits == 0 and "not authenticated" in r.reason and not out.any()
         rep = send_raw(svc.endpoint, json.dumps({"op": "fetch", "tenant": "", "keys": ssd}).encode())
