@@ -13,6 +13,7 @@ registered with the Transfer Engine only from the grant to its ack or lease end.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import secrets
 import threading
@@ -71,6 +72,7 @@ class OwnerService:
         self._free = list(range(slots))
         self._tenants: dict[str, dict[str, dict[str, None]]] = {}  # tag -> session -> keys
         self._records: dict[str, dict[str, str]] = {}              # tag -> key -> record
+        self._tenant_keys: dict[str, bytes] = {}                   # tag -> the tenant's key
         self._lock = threading.Lock()
         self._nonces = wire.NonceRecord()      # the serving thread's: replays are refused
         self.counters = {"requests": 0, "refused": 0, "grants": 0, "expired": 0}
@@ -98,6 +100,7 @@ class OwnerService:
         with self._lock:
             self._tenants.setdefault(tag, {}).setdefault(session, {}).update(dict.fromkeys(keys))
             self._records.setdefault(tag, {}).update(zip(keys, recs))
+            self._tenant_keys[tag] = self.secret.tenant_key(tenant)
         if self.directory is not None and keys:
             self.directory.publish(tenant, session, keys)
 
@@ -148,7 +151,8 @@ class OwnerService:
             op, peer = wire.need(req, "op", str), wire.need(req, "from", str)[:128]
             if op == "fetch":
                 rep = self._fetch(peer, wire.need(req, "tag", str),
-                                  wire.keys_of(req)[:self.slot_blocks], nonce)
+                                  wire.keys_of(req)[:self.slot_blocks], nonce,
+                                  str(req.get("proof", "")))
             elif op == "ack":
                 rep = self._ack(peer, wire.need(req, "lease", str))
             else:
@@ -179,13 +183,16 @@ class OwnerService:
         self._free.append(slot)
         return lease
 
-    def _fetch(self, peer: str, tag: str, keys: list[str], nonce: str) -> dict:
+    def _fetch(self, peer: str, tag: str, keys: list[str], nonce: str, proof: str) -> dict:
         with self._lock:
             recs = self._records.get(tag, {})
             n = next((i for i, k in enumerate(keys) if k not in recs), len(keys))
             self._expire(time.monotonic())
             if n == 0:
                 return {"hits": 0, "reason": "not published"}
+            if not hmac.compare_digest(proof.encode(),
+                                       wire.tenant_proof(self._tenant_keys[tag], nonce).encode()):
+                raise wire.WireError("no proof of the tenant's key (its tag alone is not enough)")
             if not self._free or sum(l.peer == peer for l in self._leases.values()) \
                     >= self.grants_per_peer:
                 return {"hits": 0, "reason": "busy"}

@@ -16,8 +16,9 @@ end to end); every chunk is acked, and only then is the verified leading run cop
 No transfer ever targets ``buf``.  The landing buffer is not reachable by peers while it is
 opened: over ``tcp`` it is never registered (the engine reads into unregistered memory); over
 ``rdma`` it is registered for one fetch and unregistered once its last transfer has ended.
-A landing buffer a late transfer may still write is set aside (at most ``MAX_SET_ASIDE``;
-beyond that a fetch is a miss until they end).
+A landing buffer a late transfer may still write is set aside (at most
+``MAX_SET_ASIDE_PER_PEER`` per owner, ``MAX_SET_ASIDE`` in all; beyond that a fetch from that
+owner, or any fetch, is a miss until they end).
 
 Every step shares one deadline (``timeout_s``): a dead, slow or partitioned owner is
 ``RemoteResult(hits=0, reason=...)`` by then, never a hang, and ``out`` is untouched unless
@@ -62,7 +63,8 @@ class RemoteReader:
     late transfer may still write is set aside (kept alive, never reused) and a fresh one
     made."""
 
-    MAX_SET_ASIDE = 4
+    MAX_SET_ASIDE = 8             # landing buffers a late transfer may still write, in all
+    MAX_SET_ASIDE_PER_PEER = 1    # ... per owner: stalled peers stop only their own restores
 
     def __init__(self, engine: Engine, layout: KVLayout, secret: ClusterSecret,
                  max_blocks: int = 256, timeout_s: float = 1.0, chunk_blocks: int = 0) -> None:
@@ -81,7 +83,7 @@ class RemoteReader:
         self._ctx = zmq.Context.instance()
         self._idle: dict[str, list] = {}          # endpoint -> REQ sockets ready to send
         self._verifier = ThreadPoolExecutor(1, thread_name_prefix="fc-verify")
-        self._set_aside: list[tuple[np.ndarray, list[threading.Event]]] = []
+        self._set_aside: list[tuple[np.ndarray, list[threading.Event], str]] = []
         self.sealed_bytes = sealed_bytes(layout.block_bytes)
         self.buf = np.zeros((max_blocks, layout.layers, layout.block_layer_bytes), np.uint8)
         self._new_buffer()
@@ -96,16 +98,18 @@ class RemoteReader:
     def _prune(self) -> None:
         """Forget set-aside buffers whose late transfers have all ended."""
         keep = []
-        for b, ev in self._set_aside:
+        for b, ev, peer in self._set_aside:
             if all(e.is_set() for e in ev):
                 self.engine.unregister(b.ctypes.data)     # a no-op over tcp
             else:
-                keep.append((b, ev))
+                keep.append((b, ev, peer))
         self._set_aside = keep
 
     @property
     def set_aside(self) -> int:
-        """Buffers a late transfer may still write (kept alive, never read)."""
+        """Buffers a late transfer may still write (kept alive, never read); those whose
+        transfers all ended are forgotten first."""
+        self._prune()
         return len(self._set_aside)
 
     def _send(self, endpoint: str, msg: dict):
@@ -173,7 +177,10 @@ class RemoteReader:
         self._prune()
         if len(self._set_aside) >= self.MAX_SET_ASIDE:
             return RemoteResult(0, 0, 0.0, "too many late transfers")
+        if sum(p == endpoint for _, _, p in self._set_aside) >= self.MAX_SET_ASIDE_PER_PEER:
+            return RemoteResult(0, 0, 0.0, "a late transfer from this owner")
         tag, me = self.secret.tag(tenant), self.engine.session
+        tkey = self.secret.tenant_key(tenant)
         if self.engine.registers_local:        # rdma: reachable for this fetch only
             self.engine.register(self.landing)
         good, moved, reason, t_grant, cmds = 0, 0, "", 0.0, 0
@@ -205,7 +212,7 @@ class RemoteReader:
                            self._verifier.submit(self._verified, *chunk[:3])))
             return not any(f.done() and f.result() < n for _, n, f in checks)
 
-        pending = self._send(endpoint, fetch_request(tag, chunks[0][1], me))
+        pending = self._send(endpoint, fetch_request(tag, chunks[0][1], me, tkey))
         for k, (start, ck) in enumerate(chunks):
             asked_nonce = pending[1]
             grant = self._recv(pending, deadline)
@@ -241,7 +248,7 @@ class RemoteReader:
                 acks[-1][1:] = [None, self._recv(acks[-1][1], deadline)]   # before a fetch
             more = k + 1 < len(chunks) and n == len(ck)
             if more:                                  # the owner reads the next chunk
-                pending = self._send(endpoint, fetch_request(tag, chunks[k + 1][1], me))
+                pending = self._send(endpoint, fetch_request(tag, chunks[k + 1][1], me, tkey))
             if (prev is not None and not check(prev)) or not more:
                 break                                 # (verified while this one moves)
         if failed is None and flying is not None and land(flying):
@@ -260,7 +267,7 @@ class RemoteReader:
             # still write is set aside until every transfer into it has ended
             late = [e for e in (j.wait(0).quarantined for j in jobs) if e is not None]
             if late:
-                self._set_aside.append((self.landing, late))
+                self._set_aside.append((self.landing, late, endpoint))
                 self._new_buffer()
             else:
                 self._unexpose()

@@ -68,6 +68,14 @@ class ClusterSecret:
         return HKDF(hashes.SHA256(), 32, b"flatcake-node", b"node|" + node.encode()
                     ).derive(self._key)
 
+    def tenant_key(self, tenant: str) -> bytes:
+        """The tenant's (``cache_salt``'s) key: what a fetch proves it knows
+        (``wire.tenant_proof``).  Unlike the tag it never leaves a node: a party that read a
+        tag in Redis cannot fetch that tenant's blocks without the salt."""
+        if not isinstance(tenant, str):
+            raise ConfigError(f"tenant={tenant!r} is not a string (cache_salt)")
+        return self.mac(b"tenant-key", tenant)
+
     def tag(self, tenant: str) -> str:
         """The tenant's (``cache_salt``'s) key-space prefix: keyed, so nobody without the
         secret can link a tag to its salt or guess one."""

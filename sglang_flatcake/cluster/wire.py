@@ -10,7 +10,8 @@ clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed l
 that window the owner remembers every nonce it admitted (``NonceRecord``), so it cannot be
 replayed sooner either.
 
-- ``fetch {tag, keys, from}`` -> ``{hits, lease, peer, bytes, segments, records, ...}``: the
+- ``fetch {tag, keys, from, proof}`` -> ``{hits, lease, peer, bytes, segments, records, ...}``:
+  ``proof`` (``tenant_proof``) shows the sender knows the tenant's key, not just its tag; the
   owner stages the leading published run of ``keys`` for tenant ``tag`` in a staging slot
   registered with the Transfer Engine for this grant only (``segments``: ``[first block,
   address, bytes]``), and holds it for requester ``from`` until its ack or ``lease_s``.
@@ -22,6 +23,7 @@ replayed sooner either.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import secrets
@@ -143,9 +145,19 @@ def _request(op: str, sender: str, **fields) -> dict:
     return {"op": op, "from": sender, "nonce": secrets.token_hex(16), "ts": time.time(), **fields}
 
 
-def fetch_request(tag: str, keys: list[str], sender: str) -> dict:
-    """Ask for the leading published run of ``keys`` of tenant ``tag`` (``ClusterSecret.tag``)."""
-    return _request("fetch", sender, tag=tag, keys=keys)
+def tenant_proof(tenant_key: bytes, nonce: str) -> str:
+    """Proof, bound to one request's ``nonce``, that its sender knows the tenant's key
+    (``ClusterSecret.tenant_key``), hex."""
+    return hashlib.blake2b(nonce.encode(), key=tenant_key, digest_size=16,
+                           person=b"tenant-proof").hexdigest()
+
+
+def fetch_request(tag: str, keys: list[str], sender: str, tenant_key: bytes) -> dict:
+    """Ask for the leading published run of ``keys`` of tenant ``tag`` (``ClusterSecret.tag``),
+    with proof of the tenant's key."""
+    msg = _request("fetch", sender, tag=tag, keys=keys)
+    msg["proof"] = tenant_proof(tenant_key, msg["nonce"])
+    return msg
 
 
 def ack_request(lease: str, sender: str) -> dict:

@@ -19,11 +19,12 @@ from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
 from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
 
 SECRET = secret()
+TK = SECRET.tenant_key("")        # tenant "": what a fetch proves it knows
 
 
 def test_a_captured_request_replayed_within_the_window_is_refused(served):
     engine, svc, _, ssd, _ = served
-    captured = wire.seal(SECRET, wire.fetch_request(SECRET.tag(""), ssd, "victim"))
+    captured = wire.seal(SECRET, wire.fetch_request(SECRET.tag(""), ssd, "victim", TK))
     first = wire.unseal(SECRET, send_raw(svc.endpoint, captured))
     assert first["hits"] == 8                         # the member's own request
     assert wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(
@@ -61,7 +62,7 @@ def test_the_nonce_record_is_bounded_and_refuses_what_it_cannot_remember():
 
 def test_short_nonces_are_refused(served):
     _, svc, _, ssd, _ = served
-    msg = wire.fetch_request(SECRET.tag(""), ssd, "m")
+    msg = wire.fetch_request(SECRET.tag(""), ssd, "m", TK)
     msg["nonce"] = "ab"
     rep = wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(SECRET, msg)))
     assert rep.get("hits", 0) == 0 and "nonce" in rep["error"], rep

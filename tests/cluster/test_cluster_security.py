@@ -36,6 +36,7 @@ from sglang_flatcake.store import FlatCakeStore  # noqa: E402
 
 LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
 SECRET = ClusterSecret(TEST_SECRET)
+TK = SECRET.tenant_key("")        # tenant "": what a fetch proves it knows
 BOUND = 1.0
 SLACK = 0.75
 
@@ -238,12 +239,14 @@ def test_malformed_and_oversized_messages_are_answered_and_the_owner_keeps_servi
         rep = send_raw(svc.endpoint, raw)
         assert rep is not None and b"error" in rep, raw[:30]
     # a member's malformed requests (authenticated, wrong shapes) are answered too
-    for msg in ([], {"op": "ack", "lease": 1e308, "from": "m", "nonce": os.urandom(16).hex(), "ts": time.time()},
-                {"op": "fetch", "tag": 5, "keys": ssd, "from": "m", "nonce": os.urandom(16).hex(),
+    def n():
+        return os.urandom(16).hex()
+    for msg in ([], {"op": "ack", "lease": 1e308, "from": "m", "nonce": n(), "ts": time.time()},
+                {"op": "fetch", "tag": 5, "keys": ssd, "from": "m", "nonce": n(),
                  "ts": time.time()},
-                {"op": "fetch", "tag": "t", "keys": [[1]], "from": "m", "nonce": os.urandom(16).hex(),
+                {"op": "fetch", "tag": "t", "keys": [[1]], "from": "m", "nonce": n(),
                  "ts": time.time()},
-                {"op": "fetch", "tag": "t", "keys": ssd, "from": "m", "nonce": os.urandom(16).hex(), "ts": 1.0}):
+                {"op": "fetch", "tag": "t", "keys": ssd, "from": "m", "nonce": n(), "ts": 1.0}):
         rep = wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(SECRET, msg)))
         assert rep["error"].startswith("bad request"), msg
     rep = send_raw(svc.endpoint, b"\0" * (2 << 20))          # over the limit: an answer
@@ -267,7 +270,7 @@ def test_an_unexpected_failure_is_answered_and_rolls_the_grant_back(served, monk
         raise RuntimeError("a bug")
     monkeypatch.setattr(owner_mod, "stage_run", broken)
     for _ in range(6):                              # more than the slots: none leaks
-        rep = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "m"))
+        rep = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "m", TK))
         assert rep["error"] == "owner failed: RuntimeError"
     assert svc.held() == 0 and engine.registered_bytes == 0
     assert store.clear() == 2                       # no read lease left pinning a session
@@ -280,12 +283,12 @@ def member_call(svc, msg):
 
 def test_leases_are_unguessable_bound_to_their_requester_and_capped_per_peer(served):
     engine, svc, _, ssd, _ = served
-    grants = [member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "greedy"))
+    grants = [member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "greedy", TK))
               for _ in range(3)]
     assert [g["hits"] for g in grants] == [8, 8, 0] and grants[2]["reason"] == "busy"
     assert len(grants[0]["lease"]) == 32 and grants[0]["lease"] != grants[1]["lease"]
     assert svc.held("greedy") == 2
-    other = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "other"))
+    other = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "other", TK))
     assert other["hits"] == 8                       # one peer cannot take every slot
     stolen = member_call(svc, wire.ack_request(grants[0]["lease"], "other"))
     assert stolen == {"valid": False, "reason": "lease expired", "re": stolen["re"]}

@@ -83,3 +83,29 @@ def attacker():
     e = Engine("127.0.0.1")
     yield e
     e.close()
+
+
+class OwnerProcess:
+    """An owner node in its own process (``cluster.owner_main``: a real store on real files,
+    ``blocks`` SSD blocks of one session) for stall and kill tests."""
+
+    def __init__(self, root, secret_file, blocks=16):
+        import json
+        import subprocess
+        import sys
+        from sglang_flatcake.cluster.owner_main import session_keys
+        self.keys = session_keys(blocks, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang_flatcake.cluster.owner_main", "--root", str(root),
+             "--blocks", str(blocks), "--secret-file", secret_file, "--raw-bytes", "65536"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.info = json.loads(self.proc.stdout.readline())
+        self.endpoint = self.info["endpoint"]
+
+    def stop(self):
+        import os
+        import signal
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
