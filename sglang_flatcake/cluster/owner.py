@@ -136,19 +136,19 @@ class OwnerService:
             if not poller.poll(50):
                 continue
             raw = self._sock.recv()
-            self._sock.send(wire.seal(self.secret, self._answer(raw)))
+            self._sock.send(wire.seal(self.secret, self._answer(raw), self.engine.session))
 
     def _answer(self, raw: bytes) -> dict:
         """The reply to one raw request: never raises (every request is answered)."""
         self.counters["requests"] += 1
         nonce = ""
         try:
-            req = wire.unseal(self.secret, raw)
+            peer, req = wire.unseal_from(self.secret, raw)      # the sender its MAC proves
             nonce = wire.need(req, "nonce", str)[:wire.MAX_NONCE_CHARS]
             ts = wire.fresh(req)
             if not self._nonces.admit(wire.nonce_of(req), ts, time.time()):
                 raise wire.WireError("request replayed (its nonce was seen already)")
-            op, peer = wire.need(req, "op", str), wire.need(req, "from", str)[:128]
+            op = wire.need(req, "op", str)
             if op == "fetch":
                 rep = self._fetch(peer, wire.need(req, "tag", str),
                                   wire.keys_of(req)[:self.slot_blocks], nonce,

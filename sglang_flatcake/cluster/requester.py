@@ -136,9 +136,11 @@ class RemoteReader:
             left = deadline - time.monotonic()
             if left <= 0 or not s.poll(int(left * 1000) + 1, self._zmq.POLLIN):
                 return None
-            rep = wire.unseal(self.secret, s.recv())
+            sender, rep = wire.unseal_from(self.secret, s.recv())
             if rep.get("re") != nonce:
                 raise wire.WireError("reply to another request")
+            if "peer" in rep and rep["peer"] != sender:
+                raise wire.WireError("a grant on another node's engine than its sender's")
             keep = True
             return rep
         except wire.WireError as e:

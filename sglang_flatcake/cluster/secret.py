@@ -31,6 +31,7 @@ class ClusterSecret:
                               f"least {MIN_SECRET_BYTES} (e.g. `head -c 32 /dev/urandom > FILE`)")
         self._key = hashlib.blake2b(bytes(secret), digest_size=64,
                                     person=b"flatcake-cluster").digest()
+        self._node_keys: dict[str, bytes] = {}     # node_key's, cached (bounded)
 
     @classmethod
     def from_file(cls, path: str) -> "ClusterSecret":
@@ -67,6 +68,25 @@ class ClusterSecret:
         from cryptography.hazmat.primitives.kdf.hkdf import HKDF
         return HKDF(hashes.SHA256(), 32, b"flatcake-node", b"node|" + node.encode()
                     ).derive(self._key)
+
+    def node_mac(self, node: str, purpose: bytes, *parts) -> bytes:
+        """``mac`` under node ``node``'s key instead of the cluster's: what proves a
+        message's sender (any holder of the cluster secret can still make one)."""
+        key = self._node_keys.get(node)
+        if key is None:
+            if len(self._node_keys) >= 4096:
+                self._node_keys.clear()
+            key = self._node_keys[node] = self.node_key(node)
+        h = hashlib.blake2b(key=key, digest_size=MAC_BYTES, person=purpose)
+        for p in parts:
+            b = bytes(p)
+            h.update(struct.pack("<Q", len(b)))
+            h.update(b)
+        return h.digest()
+
+    def node_check(self, tag: bytes, node: str, purpose: bytes, *parts) -> bool:
+        """Does ``tag`` authenticate ``parts`` under node ``node``'s key?"""
+        return hmac.compare_digest(tag, self.node_mac(node, purpose, *parts))
 
     def tenant_key(self, tenant: str) -> bytes:
         """The tenant's (``cache_salt``'s) key: what a fetch proves it knows

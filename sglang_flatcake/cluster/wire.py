@@ -1,9 +1,10 @@
 """The owner/requester wire protocol: sealed JSON messages over a ZeroMQ REQ/REP pair, and
 the per-block records a grant carries.
 
-Every message is ``MAC || JSON`` (``seal``): a 16-byte keyed BLAKE2b of the JSON under the
-cluster secret.  ``unseal`` checks the size (``MAX_MESSAGE``) and the MAC *before* parsing,
-then the shape, so a peer without the secret gets nothing parsed, and a malformed message is
+Every message is ``MAC || sender || JSON`` (``seal``): a 16-byte keyed BLAKE2b under the
+*sender's* node key (``ClusterSecret.node_key``: HKDF of the cluster secret and the sender's
+name) over the rest.  ``unseal`` checks the size (``MAX_MESSAGE``) and the MAC *before*
+parsing, then that the JSON's ``from`` is the sender the MAC proves, then the shape, so a peer without the secret gets nothing parsed, and a malformed message is
 an error answer, never a stopped service.  Requests carry a fresh ``nonce`` that the reply
 echoes (``re``), so an old reply cannot stand in for a new one, and ``ts``, the sender's
 clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed later; within
@@ -37,6 +38,7 @@ MAX_MESSAGE = 1 << 20          # bytes a message may have (checked before parsin
 MAX_SKEW_S = 30.0              # a request's ``ts`` this far from the owner's clock is refused
 MAX_KEY_CHARS = 256
 MAX_KEYS = 4096                # keys one request may name
+MAX_SENDER = 128               # bytes of a sender's name (its Transfer Engine session)
 MIN_NONCE_CHARS, MAX_NONCE_CHARS = 16, 64
 NONCES_KEPT = 1 << 16          # the owner's record of seen nonces (bounded memory)
 
@@ -45,26 +47,46 @@ class WireError(ValueError):
     """A message that is too large, unauthenticated, or malformed (its text says which)."""
 
 
-def seal(secret: ClusterSecret, msg: dict) -> bytes:
-    """``msg`` as sent: its MAC, then its JSON."""
-    body = json.dumps(msg, separators=(",", ":")).encode()
-    return secret.mac(b"msg", body) + body
+def seal(secret: ClusterSecret, msg: dict, sender: str | None = None) -> bytes:
+    """``msg`` as ``sender`` sends it (default: its ``from``): a MAC under the sender's node
+    key (``ClusterSecret.node_mac``), the sender's name (one length byte, then ASCII), then
+    the JSON."""
+    if sender is None:
+        sender = msg.get("from", "") if isinstance(msg, dict) else ""
+    name = sender.encode("ascii")[:MAX_SENDER]
+    body = bytes([len(name)]) + name + json.dumps(msg, separators=(",", ":")).encode()
+    return secret.node_mac(sender, b"msg", body) + body
 
 
-def unseal(secret: ClusterSecret, raw: bytes, limit: int = MAX_MESSAGE) -> dict:
-    """The message in ``raw`` when it is at most ``limit`` bytes, authenticated and a JSON
-    object; else ``WireError``."""
+def unseal_from(secret: ClusterSecret, raw: bytes,
+                limit: int = MAX_MESSAGE) -> tuple[str, dict]:
+    """``(sender, message)`` of ``raw`` when it is at most ``limit`` bytes, authenticated by
+    the key of the sender it names (checked before parsing), a JSON object, and its ``from``
+    (if any) is that sender; else ``WireError``."""
     if len(raw) > limit:
         raise WireError(f"message of {len(raw)} bytes: over the {limit}-byte limit")
-    if len(raw) <= MAC_BYTES or not secret.check(raw[:MAC_BYTES], b"msg", raw[MAC_BYTES:]):
+    at = MAC_BYTES + 1 + (raw[MAC_BYTES] if len(raw) > MAC_BYTES else 0)
+    try:
+        sender = raw[MAC_BYTES + 1:at].decode("ascii")
+    except UnicodeDecodeError:
+        sender = None
+    if len(raw) <= at or sender is None \
+            or not secret.node_check(raw[:MAC_BYTES], sender, b"msg", raw[MAC_BYTES:]):
         raise WireError("message not authenticated by the cluster secret")
     try:
-        msg = json.loads(raw[MAC_BYTES:])
+        msg = json.loads(raw[at:])
     except (ValueError, RecursionError) as e:
         raise WireError(f"message is not JSON: {type(e).__name__}") from e
     if not isinstance(msg, dict):
         raise WireError(f"message is a {type(msg).__name__}, not an object")
-    return msg
+    if msg.get("from", sender) != sender:
+        raise WireError("message names another sender than the one its MAC proves")
+    return sender, msg
+
+
+def unseal(secret: ClusterSecret, raw: bytes, limit: int = MAX_MESSAGE) -> dict:
+    """``unseal_from``'s message alone."""
+    return unseal_from(secret, raw, limit)[1]
 
 
 def need(msg: dict, name: str, kind: type | tuple):

@@ -62,7 +62,8 @@ class StallingMember:
         while not self.stop.is_set():
             if self.sock.poll(50):
                 req = wire.unseal(SECRET, self.sock.recv())
-                self.sock.send(wire.seal(SECRET, {**self.grant, "re": req["nonce"]}))
+                self.sock.send(wire.seal(SECRET, {**self.grant, "re": req["nonce"]},
+                                         sender=self.grant["peer"]))
 
     def close(self):
         self.stop.set()
@@ -105,3 +106,21 @@ def test_two_stalled_peers_do_not_stop_restores_from_a_third(tmp_path, secret_fi
         for o in slow + [fine]:
             o.stop()
         member.close()
+
+
+def test_the_per_peer_cap_counts_the_sender_the_mac_proves(served):
+    """A request's ``from`` must be the node whose key made its MAC: a request sealed by one
+    node's key naming another is refused, so the grant cap counts proven senders."""
+    _, svc, _, ssd, _ = served
+    tag, tk = SECRET.tag(""), SECRET.tenant_key("")
+    forged = wire.fetch_request(tag, ssd, "victim", tk)
+    raw = wire.seal(SECRET, forged, sender="greedy")       # greedy's key, victim's name
+    rep = wire.unseal(SECRET, send_raw(svc.endpoint, raw))
+    assert rep.get("hits", 0) == 0 and "sender" in rep.get("error", ""), rep
+    a = wire.seal(SECRET, {"op": "x"}, sender="a")
+    swapped = a[:wire.MAC_BYTES] + bytes([1]) + b"b" + a[wire.MAC_BYTES + 2:]
+    rep = wire.unseal(SECRET, send_raw(svc.endpoint, swapped))
+    assert "not authenticated" in rep.get("error", ""), rep      # a's MAC, b's name
+    grants = [call(svc, wire.fetch_request(tag, ssd, "greedy", tk)) for _ in range(3)]
+    assert [g["hits"] for g in grants] == [8, 8, 0] and svc.held("greedy") == 2
+    assert SECRET.node_key("a") != SECRET.node_key("b")
