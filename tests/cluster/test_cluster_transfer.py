@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -217,7 +218,11 @@ def test_stopped_owner_is_a_miss_and_its_buffer_is_set_aside(engine, owner):
     assert r.seconds <= BOUND + SLACK
     assert reader.landing is not first              # a late write can land only in `first`
     assert not out.any()
-    os.kill(o.proc.pid, signal.SIGCONT)             # the owner is back: served again
+    os.kill(o.proc.pid, signal.SIGCONT)             # the owner is back: served again,
+    end = time.monotonic() + 5                      # once its late transfer has ended (a
+    while reader.set_aside and time.monotonic() < end:   # fetch before is a miss: one
+        time.sleep(0.02)                            # late buffer per owner)
+    assert reader.set_aside == 0
     r = reader.fetch(o.endpoint, "", o.keys, out)
     assert r.hits == 48
     np.testing.assert_array_equal(out, expected(o.keys))
