@@ -2,11 +2,14 @@
 (``--flatcake-cluster-secret-file``), and everything one node tells another is authenticated
 with it -- owner messages and grants (``wire``), directory entries and leases
 (``redis_directory``), and the per-block records a writing node makes at publish time
-(``records``).  Tenant tags are keyed with it, so a tag reveals nothing about its salt.
+(``records``).  Tenant tags are keyed with it, so a tag reveals nothing about its salt;
+a tenant's key (``tenant_key``) never leaves a node.  Node keys (``node_key``, HKDF) are
+derived from it: they prove a message's sender against anyone without the secret, not
+against another member (docs/cluster-security.md).
 
 The MAC is keyed BLAKE2b (``hashlib``, RFC 7693 keyed mode, 16-byte tags), one derived key
 per purpose (``person``), every part length-prefixed.  The secret never appears in
-``repr``, logs or messages.
+``repr``, logs or messages.  The file is read by ``secret_file.read_secret_file``.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ MAC_BYTES = 16
 
 
 class ClusterSecret:
-    """A cluster's shared secret.  ``mac`` tags bytes for one ``purpose``; ``check`` compares
-    in constant time; ``tag`` is a tenant's keyed key-space prefix."""
+    """A cluster's shared secret (at least ``MIN_SECRET_BYTES``).  ``mac`` tags bytes for
+    one ``purpose``; ``check`` compares in constant time; ``node_mac``/``node_check`` do so
+    under a node's key; ``tag`` is a tenant's keyed key-space prefix."""
 
     def __init__(self, secret: bytes) -> None:
         if not isinstance(secret, (bytes, bytearray)) or len(secret) < MIN_SECRET_BYTES:
