@@ -57,8 +57,8 @@ def seal_cost(secret, buf, keys):
     again (the requester's part), as ``seal`` does for one grant."""
     from sglang_flatcake.cluster.seal import grant_cipher, open_block, seal_block, sealed_bytes
     aead, tag = grant_cipher(secret, "requester", "owner", "00" * 16), secret.tag("")
-    sealed = np.empty((len(keys), sealed_bytes(buf[0].nbytes)), np.uint8)
-    out = np.empty_like(buf[0])
+    sealed = np.ones((len(keys), sealed_bytes(buf[0].nbytes)), np.uint8)   # pages touched,
+    out = np.ones_like(buf[0])                   # as the owner's reused slots are
     t = time.process_time()
     for i, k in enumerate(keys):
         seal_block(aead, i, tag, k, buf[i], sealed[i])
