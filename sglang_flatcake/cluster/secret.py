@@ -66,22 +66,22 @@ class ClusterSecret:
 
     def node_key(self, node: str) -> bytes:
         """Node ``node``'s 32-byte key: HKDF-SHA256 of the cluster secret with the node's
-        name as info.  Any holder of the cluster secret can derive it (not a per-node secret:
-        docs/cluster-security.md)."""
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-        return HKDF(hashes.SHA256(), 32, b"flatcake-node", b"node|" + node.encode()
-                    ).derive(self._key)
+        name as info (cached, at most 4096 names).  Any holder of the cluster secret can
+        derive it (not a per-node secret: docs/cluster-security.md)."""
+        key = self._node_keys.get(node)
+        if key is None:
+            from cryptography.hazmat.primitives import hashes
+            from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+            if len(self._node_keys) >= 4096:
+                self._node_keys.clear()
+            key = self._node_keys[node] = HKDF(hashes.SHA256(), 32, b"flatcake-node",
+                                               b"node|" + node.encode()).derive(self._key)
+        return key
 
     def node_mac(self, node: str, purpose: bytes, *parts) -> bytes:
         """``mac`` under node ``node``'s key instead of the cluster's: what proves a
         message's sender (any holder of the cluster secret can still make one)."""
-        key = self._node_keys.get(node)
-        if key is None:
-            if len(self._node_keys) >= 4096:
-                self._node_keys.clear()
-            key = self._node_keys[node] = self.node_key(node)
-        h = hashlib.blake2b(key=key, digest_size=MAC_BYTES, person=purpose)
+        h = hashlib.blake2b(key=self.node_key(node), digest_size=MAC_BYTES, person=purpose)
         for p in parts:
             b = bytes(p)
             h.update(struct.pack("<Q", len(b)))
