@@ -6,12 +6,13 @@ locally, next to the Transfer Engine's own bandwidth for the same bytes, in the 
 
 An owner node process (``sglang_flatcake.cluster.owner_main``: a real FlatCakeStore on real
 files) stores one session.  This process then alternates, ``--repeat`` times:
-(a) remote restore with the cluster secure (issue 20): ``RemoteReader.fetch`` (sealed and
-authenticated messages, the owner's merged O_DIRECT reads of SSD blocks and copies of
-memory-tier blocks into a staging slot registered for that grant only, one Transfer Engine
-batch per chunk into unregistered memory, every block checked against the writer's
+(a) remote restore with the cluster secure (issues 20, 32): ``RemoteReader.fetch``
+(authenticated messages, the owner's merged O_DIRECT reads of SSD blocks, every block sealed
+with AES-256-GCM under the grant's key into a staging slot registered for that grant only --
+memory-tier blocks straight from the arena --, one Transfer Engine batch per chunk into
+unregistered memory, every block opened with the key, then checked against the writer's
 publish-time record -- xxh3_64 per (block, layer), then a keyed BLAKE2b over them --, ack
-and unregister, copy into ``out``; ``--no-copy``: the blocks stay in the receive buffer, as a
+and unregister, copy into ``out``; ``--no-copy``: the blocks stay in the opened buffer, as a
 server's restore scatters them from there);
 (b) the Transfer Engine alone: one read of the same number of bytes from a buffer the owner
 registered for this (no store, no checksums, no authentication);
@@ -23,7 +24,8 @@ Reports medians and bests; ``ratio_remote_vs_te`` = TE time / remote time (issue
 shared machine the medians swing with the other load).  CPU: ``*_cpu_s_per_gib`` is the CPU
 time of both processes (requester + owner, every thread, user + system) per GiB moved, for
 (a) and (b), medians; ``verify_cpu_s_per_gib`` is the requester's xxh3 check of every
-(block, layer) alone, timed on its own.
+(block, layer) alone, timed on its own; ``seal_cpu_s_per_gib`` and ``open_cpu_s_per_gib``
+the owner's sealing and the requester's opening of every block, each timed on its own.
 Prints its configuration and one JSON line.
 """
 
@@ -48,6 +50,23 @@ from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
 from sglang_flatcake.cluster.secret import ClusterSecret  # noqa: E402
 from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
 from sglang_flatcake.cluster.wire import block_record  # noqa: E402
+
+
+def seal_cost(secret, buf, keys):
+    """CPU seconds of sealing every block of ``buf`` (the owner's part) and of opening them
+    again (the requester's part), as ``seal`` does for one grant."""
+    from sglang_flatcake.cluster.seal import grant_cipher, open_block, seal_block, sealed_bytes
+    aead, tag = grant_cipher(secret, "requester", "owner", "00" * 16), secret.tag("")
+    sealed = np.ones((len(keys), sealed_bytes(buf[0].nbytes)), np.uint8)   # pages touched,
+    out = np.ones_like(buf[0])                   # as the owner's reused slots are
+    t = time.process_time()
+    for i, k in enumerate(keys):
+        seal_block(aead, i, tag, k, buf[i], sealed[i])
+    mid = time.process_time()
+    for i, k in enumerate(keys):
+        if not open_block(aead, i, tag, k, sealed[i], out):
+            raise RuntimeError("a sealed block did not open")
+    return mid - t, time.process_time() - mid
 
 
 def verify_cost(secret, buf, keys, layers):
@@ -157,6 +176,7 @@ def main() -> int:
             print(f"round {i}: remote {dt * 1e3:.1f} ms (cpu {cr * 1e3:.0f} ms), te {tt * 1e3:.1f} ms "
                   f"(cpu {ct * 1e3:.0f} ms), local {lo['local_s'] * 1e3:.1f} ms", flush=True)
         verify_cpu, mac_cpu = verify_cost(secret, reader.buf, keys, layout.layers)
+        seal_cpu, open_cpu = seal_cost(secret, reader.buf, keys)
         med = statistics.median
         gib = nbytes / (1 << 30)
         res = dict(cfg, remote_s=med(remote), remote_grant_s=med(grant), te_s=med(te), local_s=med(local),
@@ -169,6 +189,7 @@ def main() -> int:
                    ratio_cpu_remote_vs_te=med(cpu_r) / med(cpu_t),
                    local_cpu_s_per_gib=med(cpu_l) / gib,
                    verify_cpu_s_per_gib=verify_cpu / gib, mac_cpu_s_per_gib=mac_cpu / gib,
+                   seal_cpu_s_per_gib=seal_cpu / gib, open_cpu_s_per_gib=open_cpu / gib,
                    owner_read_commands=r.owner_read_commands)
         print(json.dumps(res), flush=True)
         if a.json:

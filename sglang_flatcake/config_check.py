@@ -165,6 +165,21 @@ def check_ip(host: Any, name: str = "host") -> str:
     return str(host)
 
 
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
+
+
+def redact_url(url: Any) -> str:
+    """``url`` as text with any password replaced by ``***`` (``user:***@``, or ``***@``
+    where the user info has no ``:``): what error texts and logs may show of a directory
+    URL.  Works on URLs that do not parse, too."""
+    s = str(url)
+    m = _USERINFO.match(s)
+    if not m:
+        return s
+    user, colon, _ = m.group(2).rpartition(":") if ":" in m.group(2) else ("", "", "")
+    return f"{m.group(1)}{user + colon if colon else ''}***@{s[m.end():]}"
+
+
 def check_directory_url(url: Any, name: str = "cluster_directory") -> str:
     """``""`` (no cluster) or ``redis://HOST:PORT[/DB]``; ``ConfigError`` naming the value."""
     from urllib.parse import urlsplit
@@ -178,7 +193,7 @@ def check_directory_url(url: Any, name: str = "cluster_directory") -> str:
     except ValueError:
         ok = False
     if not ok:
-        raise ConfigError(f"{name}={url!r} is not allowed: expected redis://HOST:PORT or "
+        raise ConfigError(f"{name}={redact_url(url)!r} is not allowed: expected redis://HOST:PORT or "
                           f"redis://HOST:PORT/DB (empty: no cluster)")
     return str(url)
 

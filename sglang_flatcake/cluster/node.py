@@ -42,7 +42,7 @@ class ClusterNode:
         lay = store.layout
         self.chunk_blocks = max(1, CHUNK_BYTES // lay.block_bytes)
         self.counters = {"remote_lookups": 0, "remote_blocks": 0, "remote_misses": 0,
-                         "directory_down": 0}
+                         "directory_down": 0, "lookup_failures": 0}
         self._down_until = 0.0
         if not config.cluster_secret_file:
             raise ConfigError("cluster_secret_file='' is not allowed: a cluster node needs the "
@@ -77,7 +77,8 @@ class ClusterNode:
 
     def lookup(self, tenant: str, keys: Sequence[str]) -> RemoteSpan | None:
         """One directory round trip: the leading run of ``keys`` other live nodes hold
-        (None: none, or the directory is unreachable -- then skipped for a while)."""
+        (None: none, or the directory is unreachable -- then skipped for a while).  Never
+        raises: any other failure is a miss, logged once."""
         if not keys or time.monotonic() < self._down_until:
             return None
         self.counters["remote_lookups"] += 1
@@ -87,6 +88,11 @@ class ClusterNode:
             self.counters["directory_down"] += 1
             self._down_until = time.monotonic() + DIRECTORY_BACKOFF_S
             log.warning("flatcake: %s; remote restores off for %.0fs", e, DIRECTORY_BACKOFF_S)
+            return None
+        except Exception:                  # a bug must not cost the request its local hits
+            self.counters["lookup_failures"] += 1
+            if self.counters["lookup_failures"] == 1:
+                log.exception("flatcake: a directory lookup failed (a miss; logged once)")
             return None
         return remote_span(found, tenant, keys, self.node)
 

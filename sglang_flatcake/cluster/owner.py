@@ -13,16 +13,20 @@ registered with the Transfer Engine only from the grant to its ack or lease end.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import secrets
 import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ConfigError, FlatCakeError
 from . import wire
 from .directory import Directory
 from .owner_read import publish_records, stage_run
+from .seal import grant_cipher, seal_block, sealed_bytes
 from .secret import ClusterSecret
 from .transfer import Engine, check_host
 
@@ -62,11 +66,15 @@ class OwnerService:
         self.secret = secret
         self.slot_blocks, self.lease_s, self.grants_per_peer = slot_blocks, lease_s, grants_per_peer
         self.staging = store.alloc_blocks(slots * slot_blocks)    # aligned for O_DIRECT
+        self.sealed = np.zeros((slots * slot_blocks, sealed_bytes(store.layout.block_bytes)),
+                               np.uint8)     # what peers may read, for its grant only
         self._leases: dict[int, _Lease] = {}                       # slot -> lease
         self._free = list(range(slots))
         self._tenants: dict[str, dict[str, dict[str, None]]] = {}  # tag -> session -> keys
         self._records: dict[str, dict[str, str]] = {}              # tag -> key -> record
+        self._tenant_keys: dict[str, bytes] = {}                   # tag -> the tenant's key
         self._lock = threading.Lock()
+        self._nonces = wire.NonceRecord()      # the serving thread's: replays are refused
         self.counters = {"requests": 0, "refused": 0, "grants": 0, "expired": 0}
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.REP)
@@ -92,6 +100,7 @@ class OwnerService:
         with self._lock:
             self._tenants.setdefault(tag, {}).setdefault(session, {}).update(dict.fromkeys(keys))
             self._records.setdefault(tag, {}).update(zip(keys, recs))
+            self._tenant_keys[tag] = self.secret.tenant_key(tenant)
         if self.directory is not None and keys:
             self.directory.publish(tenant, session, keys)
 
@@ -127,20 +136,23 @@ class OwnerService:
             if not poller.poll(50):
                 continue
             raw = self._sock.recv()
-            self._sock.send(wire.seal(self.secret, self._answer(raw)))
+            self._sock.send(wire.seal(self.secret, self._answer(raw), self.engine.session))
 
     def _answer(self, raw: bytes) -> dict:
         """The reply to one raw request: never raises (every request is answered)."""
         self.counters["requests"] += 1
         nonce = ""
         try:
-            req = wire.unseal(self.secret, raw)
-            nonce = wire.need(req, "nonce", str)[:64]
-            wire.fresh(req)
-            op, peer = wire.need(req, "op", str), wire.need(req, "from", str)[:128]
+            peer, req = wire.unseal_from(self.secret, raw)      # the sender its MAC proves
+            nonce = wire.need(req, "nonce", str)[:wire.MAX_NONCE_CHARS]
+            ts = wire.fresh(req)
+            if not self._nonces.admit(wire.nonce_of(req), ts, time.time()):
+                raise wire.WireError("request replayed (its nonce was seen already)")
+            op = wire.need(req, "op", str)
             if op == "fetch":
                 rep = self._fetch(peer, wire.need(req, "tag", str),
-                                  wire.keys_of(req)[:self.slot_blocks])
+                                  wire.keys_of(req)[:self.slot_blocks], nonce,
+                                  str(req.get("proof", "")))
             elif op == "ack":
                 rep = self._ack(peer, wire.need(req, "lease", str))
             else:
@@ -171,13 +183,16 @@ class OwnerService:
         self._free.append(slot)
         return lease
 
-    def _fetch(self, peer: str, tag: str, keys: list[str]) -> dict:
+    def _fetch(self, peer: str, tag: str, keys: list[str], nonce: str, proof: str) -> dict:
         with self._lock:
             recs = self._records.get(tag, {})
             n = next((i for i, k in enumerate(keys) if k not in recs), len(keys))
             self._expire(time.monotonic())
             if n == 0:
                 return {"hits": 0, "reason": "not published"}
+            if not hmac.compare_digest(proof.encode(),
+                                       wire.tenant_proof(self._tenant_keys[tag], nonce).encode()):
+                raise wire.WireError("no proof of the tenant's key (its tag alone is not enough)")
             if not self._free or sum(l.peer == peer for l in self._leases.values()) \
                     >= self.grants_per_peer:
                 return {"hits": 0, "reason": "busy"}
@@ -186,11 +201,13 @@ class OwnerService:
         pin = addr = None
         try:
             pin = self.store.read_lease(keys[:n])       # pinned until the ack or the lease ends
-            view = self.staging[slot * self.slot_blocks: slot * self.slot_blocks + pin.n]
-            got = stage_run(self.store, pin, view, view.ctypes.data)
+            at = slice(slot * self.slot_blocks, slot * self.slot_blocks + pin.n)
+            aead = grant_cipher(self.secret, peer, self.engine.session, nonce)
+            got = stage_run(self.store, pin, self.staging[at], self.sealed[at],
+                            lambda i, plain, out: seal_block(aead, i, tag, keys[i], plain, out))
             if got.hits == 0:
                 raise _NotStored
-            addr = self.engine.register(view[:got.hits])
+            addr = self.engine.register(self.sealed[at][:got.hits])
             lease = _Lease(secrets.token_hex(16), peer, slot, addr, keys[:got.hits],
                            time.monotonic() + self.lease_s, pin)
             with self._lock:
@@ -207,7 +224,7 @@ class OwnerService:
             raise
         self.counters["grants"] += 1
         return {"hits": got.hits, "lease": lease.id, "peer": self.engine.session,
-                "bytes": got.hits * self.store.layout.block_bytes, "segments": got.segments,
+                "bytes": got.hits * self.sealed.shape[1], "segments": got.segments,
                 "records": records[:got.hits], "from_ssd": got.from_ssd,
                 "read_commands": got.read_commands}
 

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     print(json.dumps({"ready": True, "endpoint": svc.endpoint, "te": engine.session,
                       "stored": put.stored, "blocks_ssd": st["blocks_ssd"],
                       "blocks_memory": st["blocks_memory"], "put_s": put_s,
-                      "staging_addr": svc.staging.ctypes.data, "raw_addr": raw_addr}),
+                      "staging_addr": svc.sealed.ctypes.data, "raw_addr": raw_addr}),
           flush=True)
     for line in sys.stdin:
         cmd = line.strip()

@@ -1,15 +1,18 @@
-"""The owner's reads: a granted run into its staging slot (``stage_run``), and the
+"""The owner's reads: a granted run sealed into its staging slot (``stage_run``), and the
 publish-time records of what the store wrote (``publish_records``).
 
-Memory-tier blocks are *copied* into the slot, as SSD blocks are read into it: the host arena
-is never registered with the Transfer Engine, so nothing at rest is reachable by a peer.  The
-grant names *segments* (consecutive blocks of the slot, one Transfer Engine read each; one
-segment for a whole run).  The run's read lease stays held by the caller until the ack.
+SSD blocks are read (O_DIRECT) into a plaintext staging area that is never registered;
+then every block -- those from SSD and the memory tier's straight from the host arena -- is
+sealed (``seal``: encrypted and authenticated for this grant) into the slot, the only memory
+registered with the Transfer Engine, and only for the grant.  The grant names *segments*
+(consecutive sealed blocks of the slot, one Transfer Engine read each; one segment for a
+whole run).  The run's read lease stays held by the caller until the ack.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import xxhash
@@ -26,15 +29,17 @@ class StagedRun:
     read_commands: int
 
 
-def stage_run(store, lease, view: np.ndarray, view_addr: int) -> StagedRun:
-    """Copy ``lease``'s memory blocks and read its SSD blocks into ``view``
-    (``(n, layers, block_layer_bytes)``, to be registered at ``view_addr``).  Records the read on
-    the lease.  An I/O error is recorded and raised (``IOEngineError``).  Nothing is hashed
-    here: the requester checks the bytes against the writer's publish-time records."""
+def stage_run(store, lease, view: np.ndarray, sealed: np.ndarray,
+              seal: Callable[[int, np.ndarray, np.ndarray], None]) -> StagedRun:
+    """Read ``lease``'s SSD blocks into ``view`` (``(n, layers, block_layer_bytes)``, never
+    registered), then ``seal(i, plain, sealed[i])`` each leading good block, from ``view`` or
+    the arena (``sealed`` is ``(n, sealed bytes)``, registered by the caller at its address
+    afterwards).  Records the read on the lease.  An I/O error is recorded and raised
+    (``IOEngineError``).  Nothing is hashed here: the requester checks the bytes against the
+    writer's publish-time records."""
     n = lease.n
     bad = np.zeros(n, dtype=bool)
     plan = lease.plan()
-    lease.copy_memory(view)
     try:
         store.reader.read_into(plan, view[:n], bad, False)
     except OSError:
@@ -43,7 +48,10 @@ def stage_run(store, lease, view: np.ndarray, view_addr: int) -> StagedRun:
     badi = np.nonzero(bad)[0]
     hits = int(badi[0]) if len(badi) else n
     lease.record(plan, hits, int(bad.sum()))
-    segments = [(0, view_addr, hits * store.layout.block_bytes)] if hits else []
+    memory = dict(lease.memory)
+    for i in range(hits):
+        seal(i, lease.arena_buf[memory[i]] if i in memory else view[i], sealed[i])
+    segments = [(0, sealed.ctypes.data, hits * sealed.shape[1])] if hits else []
     return StagedRun(hits, segments, hits - lease.memory_hits(hits), plan.read_commands)
 
 

@@ -3,8 +3,11 @@
 Layout of the Redis key space (``ns`` prefix, default ``fc``; ``tenant`` is ``tenant_tag``):
 
 - ``{ns}:n:{node}``                      -> ``"{incarnation}|{endpoint}|{mac}"``, a lease (PX ttl)
-- ``{ns}:t:{tenant}:p:{key}``            -> ``"{node}|{incarnation}|{mac}"``  (last writer wins)
-- ``{ns}:t:{tenant}:s:{node}:{session}`` -> set of the session's keys (for removal)
+- ``{ns}:t:{tenant}:p:{name}``           -> ``"{node}|{incarnation}|{mac}"``  (last writer wins)
+- ``{ns}:t:{tenant}:s:{node}:{session}`` -> set of the session's page names (for removal)
+
+``name`` is a page key's keyed name (``redis_entries.page_name``): Redis never holds a page
+key, which anyone could compute from token ids, in the clear.
 - ``{ns}:ns:{node}``                     -> set of this node's session keys (for leave)
 
 A page entry counts only while its node's lease is held by the *same incarnation*: a node
@@ -15,9 +18,12 @@ leases are read server-side in a single round trip.
 
 Every lease and entry carries a MAC under the cluster secret (``ClusterSecret``) over what it
 says (node, incarnation, endpoint; tenant tag, key); ``lookup`` ends the run at the first one
-that fails, so a Redis writer without the secret can delete entries (a miss) but never point
-a node at an owner or a page.  The lease is refreshed and dropped by compare-and-set (a node
-id taken over is never written back), and ``join`` purges what dead incarnations of its node
+that fails or does not parse (a miss, logged once: ``redis_entries`` parses strictly), so a
+Redis writer without the secret can delete entries (a miss) but never point a node at an
+owner or a page, nor make a lookup raise.  The lease is refreshed and dropped by
+compare-and-set: it is lost only to a *valid* lease of this node id with another incarnation
+(a node id taken over is never written back); junk on the lease key is overwritten, and the
+heartbeat thread survives any failure.  ``join`` purges what dead incarnations of its node
 id left behind.  The password can come from ``FLATCAKE_REDIS_PASSWORD`` instead of the URL;
 ``redis_url_for_logs`` hides it.
 """
@@ -28,10 +34,11 @@ import logging
 import os
 import threading
 from typing import Sequence
-from urllib.parse import urlsplit, urlunsplit
 
+from ..config_check import redact_url
 from ..errors import ConfigError
 from .directory import Directory, DirectoryError, Lookup
+from .redis_entries import lease_value, page_name, parse_entry, parse_node, valid_lease
 from .redis_lua import BEAT, LEAVE, LOOKUP, PURGE, REMOVE
 from .secret import ClusterSecret
 
@@ -39,13 +46,8 @@ log = logging.getLogger("sglang_flatcake")
 
 
 def redis_url_for_logs(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    u = urlsplit(url)
-    if u.password is None:
-        return url
-    host = u.hostname + (f":{u.port}" if u.port else "")
-    user = f"{u.username}:***@" if u.username else ":***@"
-    return urlunsplit((u.scheme, user + host, u.path, u.query, u.fragment))
+    """``url`` with any password replaced by ``***`` (``config_check.redact_url``)."""
+    return redact_url(url)
 
 
 class RedisDirectory(Directory):
@@ -67,7 +69,7 @@ class RedisDirectory(Directory):
         self.lease_ms, self.ns, self.secret = lease_ms, namespace, secret
         pw = os.environ.get("FLATCAKE_REDIS_PASSWORD")
         self._r = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                       socket_connect_timeout=timeout_s, decode_responses=True,
+                                       socket_connect_timeout=timeout_s, decode_responses=False,
                                        **({"password": pw} if pw else {}))
         self._redis_errors = (redis.RedisError, OSError)
         self._lookup = self._r.register_script(LOOKUP)
@@ -77,9 +79,12 @@ class RedisDirectory(Directory):
         self._purge = self._r.register_script(PURGE)
         self.lost = False            # set when another process took this node id's lease
         self.purged = 0              # entries of dead incarnations removed at join
-        self.forged = 0              # entries/leases that failed their MAC at lookup
+        self.forged = 0              # entries/leases malformed or failing their MAC at lookup
+        self.overwritten = 0         # junk found on this node's lease key and replaced
+        self._logged: set[str] = set()    # what was logged once already
         self.node: int | None = None
         self._lease_value = ""
+        self._held = None            # what _take last found on the lease key, if not ours
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._closed = False
@@ -90,6 +95,11 @@ class RedisDirectory(Directory):
 
     def _page_prefix(self, tenant: str) -> str:
         return f"{self.ns}:t:{self.secret.tag(tenant)}:p:"
+
+    def _once(self, what: str, msg: str, *args) -> None:
+        if what not in self._logged:
+            self._logged.add(what)
+            log.warning(msg + " (logged once)", *args)
 
     def _session_key(self, tenant: str, session: str) -> str:
         return f"{self.ns}:t:{self.secret.tag(tenant)}:s:{self.node}:{session}"
@@ -111,14 +121,16 @@ class RedisDirectory(Directory):
         if self.node is not None:
             raise DirectoryError(f"already joined as node {self.node}")
         inc = os.urandom(8).hex()
-        mac = self.secret.mac(b"lease", node, inc, endpoint).hex()
-        self._lease_value = f"{inc}|{endpoint}|{mac}"
+        self._lease_value = lease_value(self.secret, node, inc, endpoint)
         self._inc, self._entry = inc, f"{node}|{inc}|"
-        if not self._call("join", self._r.set, self._lease_key(node), self._lease_value,
-                          px=self.lease_ms, nx=exclusive):
-            held = self._call("join", self._r.get, self._lease_key(node)) or "|?|"
+        if not exclusive:
+            self._call("join", self._r.set, self._lease_key(node), self._lease_value,
+                       px=self.lease_ms)
+        elif not self._call("join", self._take, node):
+            held = valid_lease(self.secret, node, self._held)
             raise ConfigError(f"node={node!r} is already in the cluster (its lease is held by "
-                              f"{held.split('|')[1]}): give each server its own node id")
+                              f"{held.endpoint if held else '?'}): give each server its own "
+                              f"node id")
         self.purged = int(self._call("join", self._purge, keys=[f"{self.ns}:ns:{node}"],
                                      args=[f"{node}|", self._entry]))
         self.node, self.lost = node, False
@@ -126,20 +138,43 @@ class RedisDirectory(Directory):
         self._beat = threading.Thread(target=self._heartbeat, name=f"fc-lease-{node}", daemon=True)
         self._beat.start()
 
+    def _take(self, node: int) -> bool:
+        """Set or refresh this lease by compare-and-set: True when it is ours now; False
+        when a *valid* lease of ``node`` (another incarnation) holds the key (kept in
+        ``_held``).  Junk on the key (not a valid lease) is overwritten, if still there."""
+        key = self._lease_key(node)
+        held = self._beat_cas(keys=[key], args=[self._lease_value, self.lease_ms, "0", ""])
+        if held == 1:
+            return True
+        self._held = held
+        if valid_lease(self.secret, node, held) is not None:
+            return False
+        self.overwritten += 1
+        self._once("lease-junk", "flatcake: node %d's lease key held junk (not a lease of this "
+                   "node id): overwritten", node)
+        return self._beat_cas(keys=[key], args=[self._lease_value, self.lease_ms, "1", held]) == 1
+
     def _heartbeat(self) -> None:
         """Refresh the lease every third of its life; a failed refresh is retried on the next
-        beat (the lease may lapse meanwhile: entries read as misses until it is back)."""
+        beat (the lease may lapse meanwhile: entries read as misses until it is back).  Ends
+        only at ``leave`` or when a valid lease of this node id with another incarnation
+        holds the key; any other failure is logged once and the next beat tries again."""
         while not self._stop.wait(self.lease_ms / 3000):
             try:
-                held = self._beat_cas(keys=[self._lease_key(self.node)],
-                                      args=[self._lease_value, self.lease_ms])
+                if self._take(self.node):
+                    continue
             except self._redis_errors:
                 continue
-            if not held:               # another process holds this node id now: stop
-                self.lost = True
-                log.error("flatcake: node %d's lease was taken by another process; this node "
-                          "no longer refreshes it (its entries read as misses)", self.node)
-                return
+            except Exception:                      # never dies: logged, beat again
+                if "beat" not in self._logged:
+                    self._logged.add("beat")
+                    log.exception("flatcake: node %d's lease refresh failed (logged once; "
+                                  "retried every beat)", self.node)
+                continue
+            self.lost = True               # another process holds this node id now: stop
+            log.error("flatcake: node %d's lease was taken by another process; this node "
+                      "no longer refreshes it (its entries read as misses)", self.node)
+            return
 
     def _stop_beat(self) -> None:
         self._stop.set()
@@ -152,7 +187,8 @@ class RedisDirectory(Directory):
             return
         self._stop_beat()
         node_sessions = f"{self.ns}:ns:{self.node}"
-        for sk in self._call("leave", self._r.smembers, node_sessions):
+        for raw in self._call("leave", self._r.smembers, node_sessions):
+            sk = raw.decode("ascii", "replace")
             prefix = sk.split(":s:")[0] + ":p:"
             self._call("leave", self._remove, keys=[sk, node_sessions], args=[self._entry, prefix])
         self._call("leave", self._leave_cas, keys=[self._lease_key(self.node)],
@@ -170,9 +206,11 @@ class RedisDirectory(Directory):
         pre, sk = self._page_prefix(tenant), self._session_key(tenant, session)
         p = self._r.pipeline(transaction=True)
         tag = pre.split(":t:", 1)[1][:-3]
-        p.mset({pre + k: self._entry + self.secret.mac(b"entry", tag, k, self.node,
-                                                        self._inc).hex() for k in keys})
-        p.sadd(sk, *keys)
+        names = [page_name(self.secret, tag, k) for k in keys]
+        p.mset({pre + name: self._entry + self.secret.mac(b"entry", tag, k, self.node,
+                                                           self._inc).hex()
+                for name, k in zip(names, keys)})
+        p.sadd(sk, *names)
         p.sadd(f"{self.ns}:ns:{self.node}", sk)
         self._call("publish", p.execute)
 
@@ -188,21 +226,30 @@ class RedisDirectory(Directory):
             return Lookup(0, (), {})
         pre = self._page_prefix(tenant)
         tag = pre.split(":t:", 1)[1][:-3]
-        owners, eps, entries = self._call("lookup", self._lookup, keys=[pre + k for k in keys],
-                                          args=[f"{self.ns}:n:"])
-        leases = {eps[i]: eps[i + 1] for i in range(0, len(eps), 2)}
+        _, eps, entries, stop = self._call("lookup", self._lookup,
+                                     keys=[pre + page_name(self.secret, tag, k) for k in keys],
+                                     args=[f"{self.ns}:n:"])
+        leases = {parse_node(eps[i]): eps[i + 1] for i in range(0, len(eps) - 1, 2)}
         endpoints: dict[int, str] = {}
-        n = 0
-        for key, e in zip(keys, entries):
-            node, inc, mac = e.split("|", 2)
-            ep, _, lmac = leases.get(node, "").rpartition("|")
-            if not (node.isdigit() and self.secret.check(mac, b"entry", tag, key, int(node), inc)
-                    and self.secret.check(lmac, b"lease", int(node), inc, ep)):
-                self.forged += 1
+        owners: list[int] = []
+        for key, raw in zip(keys, entries):
+            e = parse_entry(raw)
+            lease = None if e is None else valid_lease(self.secret, e.node, leases.get(e.node))
+            if e is None or lease is None or lease.inc != e.inc \
+                    or not self.secret.check(e.mac, b"entry", tag, key, e.node, e.inc):
+                self._forged()
                 break
-            endpoints[int(node)] = ep
-            n += 1
-        return Lookup(n, tuple(int(o) for o in owners[:n]), endpoints)
+            endpoints[e.node] = lease.endpoint
+            owners.append(e.node)
+        else:
+            if stop and parse_entry(stop[0]) is None:     # not an entry at all: planted
+                self._forged()
+        return Lookup(len(owners), tuple(owners), endpoints)
+
+    def _forged(self) -> None:
+        self.forged += 1
+        self._once("entry", "flatcake: a malformed or forged directory entry or lease (a miss "
+                   "there; forged_entries counts them)")
 
     def close(self) -> None:
         if self._closed:

@@ -4,17 +4,21 @@
 ``chunk_blocks``, pipelined: two chunks move at once (one Transfer Engine read each into a
 receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
 next into another staging slot meanwhile (at most two of its slots held), and a landed
-chunk is verified on a verifier thread while the next ones move.  Every block is verified
-against the *writing node's* record of it (``wire.block_record``: a MAC under the cluster
-secret over its per-layer xxh3_64 checksums, made at publish time), never against anything
-the owner computes at serve time; every chunk is acked, and only then is the verified leading
-run copied into ``out``.
+chunk is verified on a verifier thread while the next ones move.  The owner seals every
+block for this grant (``seal``: AES-GCM under a key derived from both nodes' keys and the
+request's nonce); each sealed block lands in ``landing`` and is opened with that key into
+``buf`` (a tampered or foreign block does not open), then checked against the *writing
+node's* record of it (``wire.block_record``: a MAC under the cluster secret over its
+per-layer xxh3_64 checksums, made at publish time: the disk, the staging slot and the wire
+end to end); every chunk is acked, and only then is the verified leading run copied into
+``out``.
 
-The receive buffer is not reachable by peers while it is verified or scattered: over ``tcp``
-it is never registered (the engine reads into unregistered memory); over ``rdma`` it is
-registered for one fetch and unregistered once its last transfer has ended, before
-verification.  A buffer a late transfer may still write is set aside (at most
-``MAX_SET_ASIDE``; beyond that a fetch is a miss until they end).
+No transfer ever targets ``buf``.  The landing buffer is not reachable by peers while it is
+opened: over ``tcp`` it is never registered (the engine reads into unregistered memory); over
+``rdma`` it is registered for one fetch and unregistered once its last transfer has ended.
+A landing buffer a late transfer may still write is set aside (at most
+``MAX_SET_ASIDE_PER_PEER`` per owner, ``MAX_SET_ASIDE`` in all; beyond that a fetch from that
+owner, or any fetch, is a miss until they end).
 
 Every step shares one deadline (``timeout_s``): a dead, slow or partitioned owner is
 ``RemoteResult(hits=0, reason=...)`` by then, never a hang, and ``out`` is untouched unless
@@ -36,6 +40,7 @@ import xxhash
 from ..errors import ConfigError
 from ..layout import KVLayout
 from . import wire
+from .seal import grant_cipher, open_block, sealed_bytes
 from .secret import ClusterSecret
 from .transfer import Engine, ReadResult
 from .wire import ack_request, block_record, fetch_request
@@ -53,11 +58,13 @@ class RemoteResult:
 
 
 class RemoteReader:
-    """Fetches from remote owners through ``engine``.  Owns one registered receive buffer
-    of ``max_blocks`` blocks; a buffer a late transfer may still write is set aside (kept
-    alive, never reused) and a fresh one registered."""
+    """Fetches from remote owners through ``engine``.  Owns a landing buffer of
+    ``max_blocks`` sealed blocks and ``buf``, the blocks opened from it; a landing buffer a
+    late transfer may still write is set aside (kept alive, never reused) and a fresh one
+    made."""
 
-    MAX_SET_ASIDE = 4
+    MAX_SET_ASIDE = 8             # landing buffers a late transfer may still write, in all
+    MAX_SET_ASIDE_PER_PEER = 1    # ... per owner: stalled peers stop only their own restores
 
     def __init__(self, engine: Engine, layout: KVLayout, secret: ClusterSecret,
                  max_blocks: int = 256, timeout_s: float = 1.0, chunk_blocks: int = 0) -> None:
@@ -76,28 +83,33 @@ class RemoteReader:
         self._ctx = zmq.Context.instance()
         self._idle: dict[str, list] = {}          # endpoint -> REQ sockets ready to send
         self._verifier = ThreadPoolExecutor(1, thread_name_prefix="fc-verify")
-        self._set_aside: list[tuple[np.ndarray, list[threading.Event]]] = []
+        self._set_aside: list[tuple[np.ndarray, list[threading.Event], str]] = []
+        self.sealed_bytes = sealed_bytes(layout.block_bytes)
+        self.buf = np.zeros((max_blocks, layout.layers, layout.block_layer_bytes), np.uint8)
         self._new_buffer()
 
     def _new_buffer(self) -> None:
+        """A fresh landing buffer (sealed blocks as they come off the wire; ``buf`` holds
+        only what was opened from it with the grant's key, and no transfer targets it)."""
         self._prune()
-        self.buf = np.zeros((self.max_blocks, self.layout.layers, self.layout.block_layer_bytes),
-                            np.uint8)
-        self.buf_addr = self.buf.ctypes.data
+        self.landing = np.zeros((self.max_blocks, self.sealed_bytes), np.uint8)
+        self.landing_addr = self.landing.ctypes.data
 
     def _prune(self) -> None:
         """Forget set-aside buffers whose late transfers have all ended."""
         keep = []
-        for b, ev in self._set_aside:
+        for b, ev, peer in self._set_aside:
             if all(e.is_set() for e in ev):
                 self.engine.unregister(b.ctypes.data)     # a no-op over tcp
             else:
-                keep.append((b, ev))
+                keep.append((b, ev, peer))
         self._set_aside = keep
 
     @property
     def set_aside(self) -> int:
-        """Buffers a late transfer may still write (kept alive, never read)."""
+        """Buffers a late transfer may still write (kept alive, never read); those whose
+        transfers all ended are forgotten first."""
+        self._prune()
         return len(self._set_aside)
 
     def _send(self, endpoint: str, msg: dict):
@@ -124,9 +136,11 @@ class RemoteReader:
             left = deadline - time.monotonic()
             if left <= 0 or not s.poll(int(left * 1000) + 1, self._zmq.POLLIN):
                 return None
-            rep = wire.unseal(self.secret, s.recv())
+            sender, rep = wire.unseal_from(self.secret, s.recv())
             if rep.get("re") != nonce:
                 raise wire.WireError("reply to another request")
+            if "peer" in rep and rep["peer"] != sender:
+                raise wire.WireError("a grant on another node's engine than its sender's")
             keep = True
             return rep
         except wire.WireError as e:
@@ -165,11 +179,14 @@ class RemoteReader:
         self._prune()
         if len(self._set_aside) >= self.MAX_SET_ASIDE:
             return RemoteResult(0, 0, 0.0, "too many late transfers")
+        if sum(p == endpoint for _, _, p in self._set_aside) >= self.MAX_SET_ASIDE_PER_PEER:
+            return RemoteResult(0, 0, 0.0, "a late transfer from this owner")
         tag, me = self.secret.tag(tenant), self.engine.session
+        tkey = self.secret.tenant_key(tenant)
         if self.engine.registers_local:        # rdma: reachable for this fetch only
-            self.engine.register(self.buf)
+            self.engine.register(self.landing)
         good, moved, reason, t_grant, cmds = 0, 0, "", 0.0, 0
-        bb = self.layout.block_bytes
+        sb = self.sealed_bytes
         acks: list[list] = []       # [chunk start, socket until answered else None, answer]
         jobs, failed, flying = [], None, None   # flying: (start, n, (tag, keys, records), job, lease)
 
@@ -180,7 +197,7 @@ class RemoteReader:
             if not r.ok:
                 failed = r
                 return False
-            moved += chunk[1] * bb
+            moved += chunk[1] * sb
             acks.append([chunk[0], self._send(endpoint, ack_request(chunk[4], me)), None])
             return True
 
@@ -197,8 +214,9 @@ class RemoteReader:
                            self._verifier.submit(self._verified, *chunk[:3])))
             return not any(f.done() and f.result() < n for _, n, f in checks)
 
-        pending = self._send(endpoint, fetch_request(tag, chunks[0][1], me))
+        pending = self._send(endpoint, fetch_request(tag, chunks[0][1], me, tkey))
         for k, (start, ck) in enumerate(chunks):
+            asked_nonce = pending[1]
             grant = self._recv(pending, deadline)
             pending = None
             if grant is None:
@@ -207,7 +225,7 @@ class RemoteReader:
             if grant.get("error") or not grant.get("hits"):
                 reason = grant.get("error") or grant.get("reason", "miss")
                 break
-            fields = wire.grant_fields(grant, len(ck), bb)
+            fields = wire.grant_fields(grant, len(ck), sb)
             if fields is None:
                 reason = "bad grant"
                 break
@@ -222,16 +240,17 @@ class RemoteReader:
                 break
             # two transfers in flight: this chunk starts while the previous one lands
             jobs.append(self.engine.start_read(
-                grant["peer"], [self.buf_addr + (start + int(s[0])) * bb for s in segs],
+                grant["peer"], [self.landing_addr + (start + int(s[0])) * sb for s in segs],
                 [int(s[1]) for s in segs], [int(s[2]) for s in segs]))
-            prev, flying = flying, (start, n, (tag, ck, records), jobs[-1], grant["lease"])
+            aead = grant_cipher(self.secret, me, grant["peer"], asked_nonce)
+            prev, flying = flying, (start, n, (tag, ck, records, aead), jobs[-1], grant["lease"])
             if prev is not None and not land(prev):
                 break
             if acks and acks[-1][1] is not None:   # the landed chunk's slot is free again
                 acks[-1][1:] = [None, self._recv(acks[-1][1], deadline)]   # before a fetch
             more = k + 1 < len(chunks) and n == len(ck)
             if more:                                  # the owner reads the next chunk
-                pending = self._send(endpoint, fetch_request(tag, chunks[k + 1][1], me))
+                pending = self._send(endpoint, fetch_request(tag, chunks[k + 1][1], me, tkey))
             if (prev is not None and not check(prev)) or not more:
                 break                                 # (verified while this one moves)
         if failed is None and flying is not None and land(flying):
@@ -250,7 +269,7 @@ class RemoteReader:
             # still write is set aside until every transfer into it has ended
             late = [e for e in (j.wait(0).quarantined for j in jobs) if e is not None]
             if late:
-                self._set_aside.append((self.buf, late))
+                self._set_aside.append((self.landing, late, endpoint))
                 self._new_buffer()
             else:
                 self._unexpose()
@@ -278,16 +297,19 @@ class RemoteReader:
                             reason if good < len(keys) else "", cmds, t_grant)
 
     def _unexpose(self) -> None:
-        """Unregister the receive buffer (rdma; call once every transfer into it ended)."""
+        """Unregister the landing buffer (rdma; call once every transfer into it ended)."""
         if self.engine.registers_local:
-            self.engine.unregister(self.buf_addr)
+            self.engine.unregister(self.landing_addr)
 
     def _verified(self, start: int, n: int, asked) -> int:
-        """Leading blocks of ``buf[start:start + n]`` that match the writer's records."""
-        tag, keys, records = asked
+        """Leading blocks of ``landing[start:start + n]`` that open with the grant's key into
+        ``buf[start:start + n]`` and match the writer's records."""
+        tag, keys, records, aead = asked
         h = xxhash.xxh3_64_intdigest
         sums = np.empty(self.layout.layers, np.uint64)
         for i in range(n):
+            if not open_block(aead, i, tag, keys[i], self.landing[start + i], self.buf[start + i]):
+                return i
             for j in range(self.layout.layers):
                 sums[j] = h(self.buf[start + i, j])
             if not hmac.compare_digest(block_record(self.secret, tag, keys[i], sums), records[i]):

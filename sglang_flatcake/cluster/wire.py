@@ -1,14 +1,18 @@
 """The owner/requester wire protocol: sealed JSON messages over a ZeroMQ REQ/REP pair, and
 the per-block records a grant carries.
 
-Every message is ``MAC || JSON`` (``seal``): a 16-byte keyed BLAKE2b of the JSON under the
-cluster secret.  ``unseal`` checks the size (``MAX_MESSAGE``) and the MAC *before* parsing,
-then the shape, so a peer without the secret gets nothing parsed, and a malformed message is
+Every message is ``MAC || sender || JSON`` (``seal``): a 16-byte keyed BLAKE2b under the
+*sender's* node key (``ClusterSecret.node_key``: HKDF of the cluster secret and the sender's
+name) over the rest.  ``unseal`` checks the size (``MAX_MESSAGE``) and the MAC *before*
+parsing, then that the JSON's ``from`` is the sender the MAC proves, then the shape, so a peer without the secret gets nothing parsed, and a malformed message is
 an error answer, never a stopped service.  Requests carry a fresh ``nonce`` that the reply
 echoes (``re``), so an old reply cannot stand in for a new one, and ``ts``, the sender's
-clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed later.
+clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed later; within
+that window the owner remembers every nonce it admitted (``NonceRecord``), so it cannot be
+replayed sooner either.
 
-- ``fetch {tag, keys, from}`` -> ``{hits, lease, peer, bytes, segments, records, ...}``: the
+- ``fetch {tag, keys, from, proof}`` -> ``{hits, lease, peer, bytes, segments, records, ...}``:
+  ``proof`` (``tenant_proof``) shows the sender knows the tenant's key, not just its tag; the
   owner stages the leading published run of ``keys`` for tenant ``tag`` in a staging slot
   registered with the Transfer Engine for this grant only (``segments``: ``[first block,
   address, bytes]``), and holds it for requester ``from`` until its ack or ``lease_s``.
@@ -20,6 +24,8 @@ clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed l
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import json
 import secrets
 import time
@@ -32,32 +38,55 @@ MAX_MESSAGE = 1 << 20          # bytes a message may have (checked before parsin
 MAX_SKEW_S = 30.0              # a request's ``ts`` this far from the owner's clock is refused
 MAX_KEY_CHARS = 256
 MAX_KEYS = 4096                # keys one request may name
+MAX_SENDER = 128               # bytes of a sender's name (its Transfer Engine session)
+MIN_NONCE_CHARS, MAX_NONCE_CHARS = 16, 64
+NONCES_KEPT = 1 << 16          # the owner's record of seen nonces (bounded memory)
 
 
 class WireError(ValueError):
     """A message that is too large, unauthenticated, or malformed (its text says which)."""
 
 
-def seal(secret: ClusterSecret, msg: dict) -> bytes:
-    """``msg`` as sent: its MAC, then its JSON."""
-    body = json.dumps(msg, separators=(",", ":")).encode()
-    return secret.mac(b"msg", body) + body
+def seal(secret: ClusterSecret, msg: dict, sender: str | None = None) -> bytes:
+    """``msg`` as ``sender`` sends it (default: its ``from``): a MAC under the sender's node
+    key (``ClusterSecret.node_mac``), the sender's name (one length byte, then ASCII), then
+    the JSON."""
+    if sender is None:
+        sender = msg.get("from", "") if isinstance(msg, dict) else ""
+    name = sender.encode("ascii")[:MAX_SENDER]
+    body = bytes([len(name)]) + name + json.dumps(msg, separators=(",", ":")).encode()
+    return secret.node_mac(sender, b"msg", body) + body
 
 
-def unseal(secret: ClusterSecret, raw: bytes, limit: int = MAX_MESSAGE) -> dict:
-    """The message in ``raw`` when it is at most ``limit`` bytes, authenticated and a JSON
-    object; else ``WireError``."""
+def unseal_from(secret: ClusterSecret, raw: bytes,
+                limit: int = MAX_MESSAGE) -> tuple[str, dict]:
+    """``(sender, message)`` of ``raw`` when it is at most ``limit`` bytes, authenticated by
+    the key of the sender it names (checked before parsing), a JSON object, and its ``from``
+    (if any) is that sender; else ``WireError``."""
     if len(raw) > limit:
         raise WireError(f"message of {len(raw)} bytes: over the {limit}-byte limit")
-    if len(raw) <= MAC_BYTES or not secret.check(raw[:MAC_BYTES], b"msg", raw[MAC_BYTES:]):
+    at = MAC_BYTES + 1 + (raw[MAC_BYTES] if len(raw) > MAC_BYTES else 0)
+    try:
+        sender = raw[MAC_BYTES + 1:at].decode("ascii")
+    except UnicodeDecodeError:
+        sender = None
+    if len(raw) <= at or sender is None \
+            or not secret.node_check(raw[:MAC_BYTES], sender, b"msg", raw[MAC_BYTES:]):
         raise WireError("message not authenticated by the cluster secret")
     try:
-        msg = json.loads(raw[MAC_BYTES:])
+        msg = json.loads(raw[at:])
     except (ValueError, RecursionError) as e:
         raise WireError(f"message is not JSON: {type(e).__name__}") from e
     if not isinstance(msg, dict):
         raise WireError(f"message is a {type(msg).__name__}, not an object")
-    return msg
+    if msg.get("from", sender) != sender:
+        raise WireError("message names another sender than the one its MAC proves")
+    return sender, msg
+
+
+def unseal(secret: ClusterSecret, raw: bytes, limit: int = MAX_MESSAGE) -> dict:
+    """``unseal_from``'s message alone."""
+    return unseal_from(secret, raw, limit)[1]
 
 
 def need(msg: dict, name: str, kind: type | tuple):
@@ -69,11 +98,60 @@ def need(msg: dict, name: str, kind: type | tuple):
     return v
 
 
-def fresh(msg: dict) -> None:
-    """``WireError`` unless ``msg['ts']`` is within ``MAX_SKEW_S`` of this node's clock."""
+def fresh(msg: dict) -> float:
+    """``msg['ts']`` when it is within ``MAX_SKEW_S`` of this node's clock; else
+    ``WireError``."""
     ts = need(msg, "ts", (int, float))
     if not abs(time.time() - ts) <= MAX_SKEW_S:
         raise WireError(f"request ts={ts!r} is stale or from the future")
+    return float(ts)
+
+
+def nonce_of(msg: dict) -> str:
+    """The request's ``nonce``: a string of ``MIN_NONCE_CHARS..MAX_NONCE_CHARS``; else
+    ``WireError``."""
+    nonce = need(msg, "nonce", str)
+    if not MIN_NONCE_CHARS <= len(nonce) <= MAX_NONCE_CHARS:
+        raise WireError(f"nonce of {len(nonce)} chars: expected {MIN_NONCE_CHARS}.."
+                        f"{MAX_NONCE_CHARS}")
+    return nonce
+
+
+class NonceRecord:
+    """The nonces of the requests an owner admitted within the freshness window, so a
+    captured request sent again is refused.  Holds at most ``capacity``: when full, the
+    entry with the oldest ``ts`` is dropped and every request that old or older is refused
+    from then on (it could be a replay of what was dropped).  Entries older than the window
+    (``MAX_SKEW_S``) are dropped as requests arrive.  Not thread-safe: the owner's one
+    serving thread owns it."""
+
+    def __init__(self, capacity: int = NONCES_KEPT) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity!r} is not allowed: expected >= 1")
+        self.capacity = capacity
+        self._seen: set[str] = set()
+        self._by_ts: list[tuple[float, str]] = []     # heap: oldest ts first
+        self._floor = float("-inf")                   # requests this old are refused
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def admit(self, nonce: str, ts: float, now: float) -> bool:
+        """True (and remembered) for a nonce not seen before and newer than what was
+        dropped to stay within ``capacity``; False for a replay."""
+        while self._by_ts and self._by_ts[0][0] < now - MAX_SKEW_S:
+            self._seen.discard(heapq.heappop(self._by_ts)[1])
+        if nonce in self._seen or ts <= self._floor:
+            return False
+        if len(self._seen) >= self.capacity:
+            old_ts, old = heapq.heappop(self._by_ts)
+            self._seen.discard(old)
+            self._floor = max(self._floor, old_ts)
+            if ts <= self._floor:
+                return False
+        self._seen.add(nonce)
+        heapq.heappush(self._by_ts, (ts, nonce))
+        return True
 
 
 def keys_of(msg: dict, most: int = MAX_KEYS) -> list[str]:
@@ -86,12 +164,22 @@ def keys_of(msg: dict, most: int = MAX_KEYS) -> list[str]:
 
 
 def _request(op: str, sender: str, **fields) -> dict:
-    return {"op": op, "from": sender, "nonce": secrets.token_hex(8), "ts": time.time(), **fields}
+    return {"op": op, "from": sender, "nonce": secrets.token_hex(16), "ts": time.time(), **fields}
 
 
-def fetch_request(tag: str, keys: list[str], sender: str) -> dict:
-    """Ask for the leading published run of ``keys`` of tenant ``tag`` (``ClusterSecret.tag``)."""
-    return _request("fetch", sender, tag=tag, keys=keys)
+def tenant_proof(tenant_key: bytes, nonce: str) -> str:
+    """Proof, bound to one request's ``nonce``, that its sender knows the tenant's key
+    (``ClusterSecret.tenant_key``), hex."""
+    return hashlib.blake2b(nonce.encode(), key=tenant_key, digest_size=16,
+                           person=b"tenant-proof").hexdigest()
+
+
+def fetch_request(tag: str, keys: list[str], sender: str, tenant_key: bytes) -> dict:
+    """Ask for the leading published run of ``keys`` of tenant ``tag`` (``ClusterSecret.tag``),
+    with proof of the tenant's key."""
+    msg = _request("fetch", sender, tag=tag, keys=keys)
+    msg["proof"] = tenant_proof(tenant_key, msg["nonce"])
+    return msg
 
 
 def ack_request(lease: str, sender: str) -> dict:

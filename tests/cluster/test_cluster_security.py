@@ -36,6 +36,7 @@ from sglang_flatcake.store import FlatCakeStore  # noqa: E402
 
 LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
 SECRET = ClusterSecret(TEST_SECRET)
+TK = SECRET.tenant_key("")        # tenant "": what a fetch proves it knows
 BOUND = 1.0
 SLACK = 0.75
 
@@ -120,8 +121,9 @@ def test_bytes_written_into_a_granted_slot_are_a_miss_not_served(served, attacke
             _, addr, n = grant["segments"][0]
             junk = np.full(n, 7, np.uint8)
             bb = LAYOUT.block_bytes
+            sb = bb + 16                           # a sealed block: ciphertext and tag
             assert attacker._te.transfer_sync_write(grant["peer"], junk.ctypes.data,
-                                                    addr + 3 * bb, bb) == 0
+                                                    addr + 3 * sb, bb) == 0
         out = empty(8)
         r = RemoteReader(member, LAYOUT, SECRET, timeout_s=BOUND).fetch(
             svc.endpoint, "", ssd, out, on_grant=overwrite)
@@ -151,7 +153,7 @@ def test_a_node_without_the_secret_gets_nothing(served):
     other = Engine("127.0.0.1")
     try:
         out = empty(8)
-        r = RemoteReader(other, LAYOUT, ClusterSecret(b"a-different-secret-entirely"),
+        r = RemoteReader(other, LAYOUT, ClusterSecret(b"a-different-secret-entirely-0123456"),
                          timeout_s=BOUND).fetch(svc.endpoint, "", ssd, out)
         assert r.hits == 0 and "not authenticated" in r.reason and not out.any()
         rep = send_raw(svc.endpoint, json.dumps({"op": "fetch", "tenant": "", "keys": ssd}).encode())
@@ -218,8 +220,10 @@ def test_forged_directory_entries_and_leases_are_not_followed(redis_url):  # noq
         page = next(k for k in r.scan_iter("fc:t:*:p:*"))
         prefix = page.rsplit(":p:", 1)[0] + ":p:"
         r.set("fc:n:9", "abcd|tcp://10.6.6.6:1|" + "0" * 32)
-        for k in keys[3:]:
-            r.set(prefix + k, "9|abcd|" + "0" * 32)
+        from sglang_flatcake.cluster.redis_entries import page_name
+        tag = prefix.split(":t:", 1)[1][:-3]
+        for k in keys[3:]:       # (names are keyed: the test gives the attacker the right ones)
+            r.set(prefix + page_name(SECRET, tag, k), "9|abcd|" + "0" * 32)
         found = reader.lookup("", keys)
         assert found.hits == 3 and 9 not in found.endpoints and reader.forged >= 1
     finally:
@@ -235,12 +239,14 @@ def test_malformed_and_oversized_messages_are_answered_and_the_owner_keeps_servi
         rep = send_raw(svc.endpoint, raw)
         assert rep is not None and b"error" in rep, raw[:30]
     # a member's malformed requests (authenticated, wrong shapes) are answered too
-    for msg in ([], {"op": "ack", "lease": 1e308, "from": "m", "nonce": "n", "ts": time.time()},
-                {"op": "fetch", "tag": 5, "keys": ssd, "from": "m", "nonce": "n",
+    def n():
+        return os.urandom(16).hex()
+    for msg in ([], {"op": "ack", "lease": 1e308, "from": "m", "nonce": n(), "ts": time.time()},
+                {"op": "fetch", "tag": 5, "keys": ssd, "from": "m", "nonce": n(),
                  "ts": time.time()},
-                {"op": "fetch", "tag": "t", "keys": [[1]], "from": "m", "nonce": "n",
+                {"op": "fetch", "tag": "t", "keys": [[1]], "from": "m", "nonce": n(),
                  "ts": time.time()},
-                {"op": "fetch", "tag": "t", "keys": ssd, "from": "m", "nonce": "n", "ts": 1.0}):
+                {"op": "fetch", "tag": "t", "keys": ssd, "from": "m", "nonce": n(), "ts": 1.0}):
         rep = wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(SECRET, msg)))
         assert rep["error"].startswith("bad request"), msg
     rep = send_raw(svc.endpoint, b"\0" * (2 << 20))          # over the limit: an answer
@@ -264,7 +270,7 @@ def test_an_unexpected_failure_is_answered_and_rolls_the_grant_back(served, monk
         raise RuntimeError("a bug")
     monkeypatch.setattr(owner_mod, "stage_run", broken)
     for _ in range(6):                              # more than the slots: none leaks
-        rep = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "m"))
+        rep = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "m", TK))
         assert rep["error"] == "owner failed: RuntimeError"
     assert svc.held() == 0 and engine.registered_bytes == 0
     assert store.clear() == 2                       # no read lease left pinning a session
@@ -277,12 +283,12 @@ def member_call(svc, msg):
 
 def test_leases_are_unguessable_bound_to_their_requester_and_capped_per_peer(served):
     engine, svc, _, ssd, _ = served
-    grants = [member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "greedy"))
+    grants = [member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "greedy", TK))
               for _ in range(3)]
     assert [g["hits"] for g in grants] == [8, 8, 0] and grants[2]["reason"] == "busy"
     assert len(grants[0]["lease"]) == 32 and grants[0]["lease"] != grants[1]["lease"]
     assert svc.held("greedy") == 2
-    other = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "other"))
+    other = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "other", TK))
     assert other["hits"] == 8                       # one peer cannot take every slot
     stolen = member_call(svc, wire.ack_request(grants[0]["lease"], "other"))
     assert stolen == {"valid": False, "reason": "lease expired", "re": stolen["re"]}

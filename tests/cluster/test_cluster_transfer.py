@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from tests.support.redis_server import TEST_SECRET  # noqa: E402
 from sglang_flatcake.cluster.redis_directory import RedisDirectory  # noqa: E402
 from sglang_flatcake.cluster.owner_main import session_blocks, session_keys  # noqa: E402
 from sglang_flatcake.cluster.requester import RemoteReader as _Reader  # noqa: E402
+from sglang_flatcake.cluster.seal import sealed_bytes  # noqa: E402
 from sglang_flatcake.cluster.secret import ClusterSecret  # noqa: E402
 from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
@@ -30,6 +32,7 @@ from sglang_flatcake.layout import KVLayout  # noqa: E402
 LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
 BOUND = 1.0          # the requester's timeout_s
 SECRET = ClusterSecret(TEST_SECRET)
+SB = sealed_bytes(LAYOUT.block_bytes)    # a block on the wire: its ciphertext and tag
 
 
 def RemoteReader(engine, layout, **kw):
@@ -105,7 +108,7 @@ def test_ssd_session_restored_from_another_process(engine, owner, chunk):
     grants = []
     r = RemoteReader(engine, LAYOUT, timeout_s=BOUND, chunk_blocks=chunk).fetch(
         o.endpoint, "", o.keys, out, on_grant=grants.append)
-    assert (r.hits, r.reason, r.bytes) == (48, "", 48 * LAYOUT.block_bytes)
+    assert (r.hits, r.reason, r.bytes) == (48, "", 48 * SB)
     assert [g["hits"] for g in grants] == ([48] if chunk == 0 else [20, 20, 8])
     # merged reads: one command per layer per chunk, never per block
     assert 0 < r.owner_read_commands <= LAYOUT.layers * len(grants)
@@ -123,10 +126,10 @@ def test_memory_tier_session_and_partial_request(engine, owner):
     assert r.hits == 20
     np.testing.assert_array_equal(out[:20], expected(o.keys[:20]))
     assert not out[20:].any()
-    # copied into the owner's staging slot (the arena is never registered)
-    staging = (o.info["staging_addr"], o.info["staging_addr"] + 2 * 48 * LAYOUT.block_bytes)
+    # sealed into the owner's staging slot (the arena is never registered)
+    staging = (o.info["staging_addr"], o.info["staging_addr"] + 2 * 48 * SB)
     segs = [s for g in grants for s in g["segments"]]
-    assert sum(s[2] for s in segs) == 20 * LAYOUT.block_bytes
+    assert sum(s[2] for s in segs) == 20 * SB
     assert all(staging[0] <= s[1] < staging[1] for s in segs), (segs, staging)
 
 
@@ -142,7 +145,7 @@ def test_an_ssd_run_is_one_segment_and_grants_must_tile_their_blocks(engine, own
     r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "", o.keys, empty(16),
                                                             on_grant=grants.append)
     assert r.hits == 16 and [g["segments"] for g in grants] == \
-        [[[0, grants[0]["segments"][0][1], 16 * LAYOUT.block_bytes]]]
+        [[[0, grants[0]["segments"][0][1], 16 * SB]]]
     reader = RemoteReader(engine, LAYOUT, timeout_s=BOUND)
     assert reader.fetch(o.endpoint, "", o.keys, None).hits == 16     # no copy: in the buffer
     np.testing.assert_array_equal(reader.buf[:16], expected(o.keys))
@@ -208,14 +211,18 @@ def test_owner_killed_mid_session_is_a_miss_within_bound(engine, owner):
 def test_stopped_owner_is_a_miss_and_its_buffer_is_set_aside(engine, owner):
     o = owner()
     reader = RemoteReader(engine, LAYOUT, timeout_s=BOUND)
-    first = reader.buf
+    first = reader.landing
     out = empty(48)
     r = reader.fetch(o.endpoint, "", o.keys, out, on_grant=lambda g: o.kill(signal.SIGSTOP))
     assert (r.hits, r.reason) == (0, "transfer timeout")
     assert r.seconds <= BOUND + SLACK
-    assert reader.buf is not first                  # a late write can land only in `first`
+    assert reader.landing is not first              # a late write can land only in `first`
     assert not out.any()
-    os.kill(o.proc.pid, signal.SIGCONT)             # the owner is back: served again
+    os.kill(o.proc.pid, signal.SIGCONT)             # the owner is back: served again,
+    end = time.monotonic() + 5                      # once its late transfer has ended (a
+    while reader.set_aside and time.monotonic() < end:   # fetch before is a miss: one
+        time.sleep(0.02)                            # late buffer per owner)
+    assert reader.set_aside == 0
     r = reader.fetch(o.endpoint, "", o.keys, out)
     assert r.hits == 48
     np.testing.assert_array_equal(out, expected(o.keys))
