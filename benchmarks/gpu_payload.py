@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -42,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / ".gpu_payload"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sglang-flatcake-gpu"
 LIMIT_MIB = 56           # the device call carries 64 MiB; 8 are left for the project to grow
+CALL_LIMIT_MIB = 64      # what one call takes along: the working tree and the carried paths
 PY = "3.12"              # the GPU machine's Python (3.12.3)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux_2_34_x86_64", "manylinux_2_27_x86_64", "manylinux_2_5_x86_64",
@@ -80,6 +83,10 @@ MISSING = [
     ("ipython", "9.19.1", "sglang/utils.py imports IPython.display at the top (that import "
      "needs traitlets alone of ipython's dependencies)"),
     ("traitlets", "5.16.1", "ipython"),
+    ("jsonschema", "4.26.0", "serving_chat.py (the HTTP server imports it) validates tools"),
+    ("referencing", "0.37.0", "jsonschema"),
+    ("jsonschema-specifications", "2025.9.1", "jsonschema"),
+    ("rpds-py", "2026.9.1", "referencing"),
     ("zstandard", "0.25.0", "HTTP request decompression (http_server.py)"),
     ("watchfiles", "1.3.0", "ssl_utils, imported by the HTTP server"),
     ("soundfile", "0.13.1", "the OpenAI audio entrypoints"),
@@ -93,9 +100,9 @@ SGLANG = ("sglang", "0.5.23")
 KERNEL = ("sglang-kernel", "0.4.4")
 KERNEL_KEEP_LIB = "sgl_kernel/sm90/"
 # parts of sglang's wheel a CUDA Llama server (triton attention, torch sampling) never loads
-SGLANG_DROP = ("sglang/test/", "sglang/multimodal_gen/", "sglang/srt/rust_extensions/",
-               "sglang/kernels/ops/attention/dsv4/", "sglang/srt/hardware_backend/npu/",
-               "sglang/benchmark/datasets/data/")
+# (none of ``CLOSURE``'s modules: ``build`` checks)
+SGLANG_DROP = ("sglang/test/", "sglang/multimodal_gen/", "sglang/srt/rust_extensions/")
+CLOSURE = Path(__file__).resolve().parent / "gpu_sglang_closure.txt"
 
 
 class PayloadError(Exception):
@@ -139,7 +146,8 @@ def trimmed_wheel(src: Path, dest: Path, keep) -> Path:
     RECORD rewritten to match (pip installs it like the original)."""
     dest.mkdir(parents=True, exist_ok=True)
     out = dest / src.name
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zo:
+    with zipfile.ZipFile(src) as zin, \
+            zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zo:
         record_name, rows = None, []
         for info in zin.infolist():
             if info.filename.endswith(".dist-info/RECORD"):
@@ -150,9 +158,11 @@ def trimmed_wheel(src: Path, dest: Path, keep) -> Path:
             data = zin.read(info)
             zo.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            rows.append(f"{info.filename},sha256={digest},{len(data)}")
-        rows.append(f"{record_name},,")
-        zo.writestr(record_name, "\n".join(rows) + "\n")
+            rows.append([info.filename, f"sha256={digest}", len(data)])
+        rows.append([record_name, "", ""])
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)   # names may hold commas
+        zo.writestr(record_name, buf.getvalue())
     return out
 
 
@@ -164,6 +174,20 @@ def keep_kernel(name: str) -> bool:
 
 def keep_sglang(name: str) -> bool:
     return not name.startswith(SGLANG_DROP)
+
+
+def closure_modules() -> list[str]:
+    """The sglang modules a CPU server imported (``gpu_sglang_closure.txt``)."""
+    lines = (x.strip() for x in CLOSURE.read_text().splitlines())
+    return [x for x in lines if x and not x.startswith("#")]
+
+
+def check_drops_keep_closure() -> None:
+    """``PayloadError`` naming a module of the closure that ``SGLANG_DROP`` would cut."""
+    for m in closure_modules():
+        path = m.replace(".", "/")
+        if not keep_sglang(path + "/") or not keep_sglang(path + ".py"):
+            raise PayloadError(f"SGLANG_DROP cuts {m}, which the server imports")
 
 
 # wheels carried trimmed: name -> (what is dropped, the test for a member to keep)
@@ -216,6 +240,7 @@ def build(out: Path = OUT, cache: Path = CACHE, limit_mib: float = LIMIT_MIB,
     k = trimmed_wheel(download(*KERNEL, dl), wheels, keep_kernel)
     add(k, *KERNEL, "sgl_kernel ops on the CUDA path; 0.4.4 pins torch 2.11 (0.4.10 does not "
         "load with it); Python files + the sm90 library only")
+    check_drops_keep_closure()
     s = trimmed_wheel(download(*SGLANG, dl), wheels, keep_sglang)
     add(s, *SGLANG, "the server; trimmed: " + ", ".join(SGLANG_DROP))
     add(project_wheel(wheels), "sglang-flatcake", _project_version(), "this project (the "
@@ -230,15 +255,26 @@ def build(out: Path = OUT, cache: Path = CACHE, limit_mib: float = LIMIT_MIB,
                 add(Path(shutil.copy2(p, wheels)), n, v, w)
         else:
             skipped.append(f"kvikio ({extra / 2**20:.1f} MiB) does not fit")
+    total, tree = sum(e["bytes"] for e in entries), tree_bytes()
+    if total + tree > CALL_LIMIT_MIB * 2**20:
+        raise PayloadError(f"the payload ({total / 2**20:.1f} MiB) and the working tree "
+                           f"({tree / 2**20:.1f} MiB) pass the call's {CALL_LIMIT_MIB} MiB")
     reqs = [f"{e['what']}=={e['version']}" for e in entries]
     (wheels / "requirements.txt").write_text("\n".join(reqs) + "\n")
-    total = sum(e["bytes"] for e in entries)
     manifest = {"python": PY, "total_bytes": total, "total_mib": round(total / 2**20, 2),
-                "limit_mib": limit_mib, "paths": [out.name], "skipped": skipped,
+                "limit_mib": limit_mib, "tree_mib": round(tree / 2**20, 2),
+                "paths": [out.name], "skipped": skipped,
                 "install": INSTALL.format(site="/tmp/site", payload=out.name),
                 "packages": entries}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def tree_bytes() -> int:
+    """Bytes of the files git tracks here (the working tree that travels with the call)."""
+    r = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True)
+    names = [n for n in r.stdout.decode().split("\0") if n] if r.returncode == 0 else []
+    return sum((ROOT / n).stat().st_size for n in names if (ROOT / n).is_file())
 
 
 def _project_version() -> str:

@@ -44,6 +44,11 @@ SERVER_ENV = {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
               "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
               "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}
 PROMPT_TOKENS = 200
+# modules some closure modules import that the image lacks by design: SGLang imports the
+# modules needing them under try (the CPU servers here had them, so they were recorded)
+OPTIONAL = {"cutlass": "nvidia-cutlass-dsl (CuTe DSL kernels, FA4); SGLang falls back without "
+                       "it, and --attention-backend triton does not use them",
+            "sglang.private": "SGLang's private-extension hook, imported under try"}
 
 
 def norm(name: str) -> str:
@@ -72,7 +77,15 @@ def pinned_closure(image: dict[str, str | None]) -> list[str]:
     return reqs
 
 
+def clean_env(**extra: str) -> dict:
+    """This environment without the caller's Python paths (nothing of the clone or of another
+    venv leaks into the check), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, **extra}
+
+
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("env", clean_env())
     r = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if r.returncode:
         tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
@@ -127,9 +140,7 @@ def check_cpu(payload: Path, cache: Path, python: str, manifest: dict) -> int:
         with tempfile.TemporaryDirectory(prefix="gpu-payload-check-") as tmp:
             site = Path(tmp) / "site"
             install_payload(py, payload, site)
-            env = {k: v for k, v in os.environ.items()
-                   if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-            env.update(PYTHONPATH=str(site), **SERVER_ENV)
+            env = clean_env(PYTHONPATH=str(site), **SERVER_ENV)
             r = subprocess.run([str(py), str(HERE / "gpu_payload_check.py"), "child", tmp],
                                capture_output=True, text=True, env=env, cwd=tmp, timeout=1800)
             try:
@@ -152,6 +163,28 @@ def _missing_modules(text: str) -> list[str]:
     return sorted(set(re.findall(r"No module named '([^']+)'", text)))
 
 
+def probe_imports(missing: list[str]) -> dict:
+    """Import every module of the recorded closure (``gpu_sglang_closure.txt``) and flatcake's
+    SGLang side; names a module lacked go to ``missing``; counts and the first other errors."""
+    import importlib
+    from gpu_payload import closure_modules
+    mods = closure_modules() + ["sglang_flatcake.sglang.plugin", "sglang_flatcake.sglang.linker"]
+    other, optional = {}, {}
+    for m in mods:
+        try:
+            importlib.import_module(m)
+        except ModuleNotFoundError as e:
+            name = e.name or str(e)
+            if name.split(".")[0] in OPTIONAL or name in OPTIONAL:
+                optional[name] = OPTIONAL.get(name) or OPTIONAL[name.split(".")[0]]
+            else:
+                missing.append(name)
+        except Exception as e:                                 # noqa: BLE001 (reported)
+            other[m] = f"{type(e).__name__}: {e}"[:200]
+    return {"modules": len(mods), "optional_absent": optional, "other_errors": len(other),
+            "first_errors": dict(list(other.items())[:5])}
+
+
 def child(work: Path) -> int:
     """In the check venv, the payload on ``PYTHONPATH``: both modes' servers, one restored hit
     each; one JSON line."""
@@ -160,6 +193,7 @@ def child(work: Path) -> int:
     from sglang_flatcake.commands.tiny_model import build_tiny_llama
     model = str(build_tiny_llama(work / "tiny-llama"))
     res = {"missing": [], "same_tokens": {}, "server_start_s": {}}
+    res["closure_imports"] = probe_imports(res["missing"])
     for mode, backend, where in (("hicache", "flatcake", "storage"),
                                  ("linker", "flatcake-linker", "host")):
         log = work / f"{mode}.log"
@@ -178,7 +212,8 @@ def child(work: Path) -> int:
             res[f"{mode}_restored_tokens"] = sc.cached_tokens(again, where)
             res["same_tokens"][mode] = first["output_ids"] == again["output_ids"]
         except Exception as e:                                 # noqa: BLE001 (reported)
-            res["missing"] += _missing_modules(log.read_text(errors="replace") if log.exists() else "")
+            text = log.read_text(errors="replace") if log.exists() else ""
+            res["missing"] += _missing_modules(text)
             res.setdefault("errors", {})[mode] = f"{type(e).__name__}: {e}"[:400]
         finally:
             s.stop()
