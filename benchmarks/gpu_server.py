@@ -21,7 +21,7 @@ it has (``stopped``) and exits 3.
 - ``environment``: versions, the card, the disk's read rate, kvikio's GDS, ``pip list``.
 
 ``--device cpu`` (with ``--shape small``) runs the same code on CPU servers: CI's check of
-this script (``tests/benchmarks/test_gpu_server.py``).  See benchmarks/README_gpu.md.
+this script (``tests/sglang/test_gpu_server.py``).  See benchmarks/README_gpu.md.
 """
 
 from __future__ import annotations
