@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from sglang_flatcake.commands import server_calls as sc
 from sglang_flatcake.commands.bench_restore import drop_page_cache, raw_limit, write_raw_file
 
 MODES = {"hicache": "flatcake", "linker": "flatcake-linker"}
+CUDA_ARENA = "24GiB"      # with HiCache's 32 GiB host pool, within the machine's 128 GiB
 TRACE = ROOT / "sglang_flatcake" / "data" / "agent_slice_mooncake.jsonl"
 
 
@@ -46,10 +48,14 @@ def _store_files(store: Path) -> list[str]:
 def flatcake_mode(run: Run, mode: str, model: str, longest: int) -> dict:
     store = run.work / f"ttft-{mode}"
     extra, cfg = None, None
+    # on CUDA the arena holds the longest memory prompt with room (32K tokens of the 8b shape:
+    # 4 GiB, the default arena's whole size)
+    memory = CUDA_ARENA if run.a.device == "cuda" else None
     if mode == "hicache":
         extra = ["--flatcake-short-reply-tokens", str(longest)]
+        extra += ["--flatcake-memory-bytes", memory] if memory else []
     else:
-        cfg = {"short_reply_tokens": longest}
+        cfg = {"short_reply_tokens": longest, **({"memory_bytes": memory} if memory else {})}
     s = run.server(server_args(run, model, str(store), MODES[mode], extra_config=cfg,
                                extra=extra, max_tokens=run.max_tokens), f"ttft-{mode}")
     out = {"page_cache_dropped": None}
@@ -67,6 +73,7 @@ def flatcake_mode(run: Run, mode: str, model: str, longest: int) -> dict:
         return out
     finally:
         s.stop()
+        shutil.rmtree(store, ignore_errors=True)       # the machine's disk is 64 GiB
 
 
 def file_peer(run: Run, model: str) -> dict:
@@ -97,6 +104,7 @@ def file_peer(run: Run, model: str) -> dict:
         return out
     finally:
         s.stop()
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def raw_read(run: Run, nbytes: int) -> dict:
@@ -211,6 +219,7 @@ def bench(run: Run) -> dict:
             out[name] = passes
         finally:
             s.stop()
+            shutil.rmtree(run.work / f"bench-{name}", ignore_errors=True)
         run.out["parts"]["bench"] = out
         run.write()
     return out
