@@ -121,23 +121,26 @@ class Run:
 
 
 def server_args(run: Run, model: str, store: str, backend: str, extra_config=None,
-                extra: list[str] | None = None, max_tokens: int = 16384) -> list[str]:
+                extra: list[str] | None = None, max_tokens: int = 16384,
+                float32: bool = False) -> list[str]:
     """flatcake's mode flags (``cpu_server_args``) with the device's flags: on CPU as the
-    tests run it, on CUDA with ``CUDA_FLAGS`` instead of the CPU ones."""
+    tests run it, on CUDA with ``CUDA_FLAGS`` instead of the CPU ones (``float32`` keeps
+    ``--dtype float32``: ``serve`` compares logprobs, and SGLang would run a float32 model
+    in half precision)."""
     args = cpu_server_args(model, store, PAGE, backend=backend, max_total_tokens=max_tokens,
                            extra_config=extra_config, extra=extra)
     if run.a.device == "cpu":
         return args + ["--enable-metrics"]
     out, i = [], 0
     while i < len(args):
-        if args[i] in CPU_DROP:
+        if args[i] in CPU_DROP and not (float32 and args[i] == "--dtype"):
             i += 1 + CPU_DROP[args[i]]
             continue
         out.append(args[i])
         i += 1
     for flags, _ in CUDA_FLAGS:
         out += flags
-    if Path(model, "model.safetensors").exists() is False:
+    if not any(Path(model).glob("*.safetensors")):         # shaped_model's: config only
         out += ["--load-format", "dummy"]
     return out
 
@@ -162,7 +165,8 @@ def shaped_model(path: Path, shape: str, with_weights: bool) -> str:
 def verify(run: Run, url: str) -> dict:
     """``flatcake verify --allow-flush --json`` against ``url``: its exit code and report."""
     r = subprocess.run([sys.executable, "-m", "sglang_flatcake", "verify", "--url", url,
-                        "--allow-flush", "--json", "--tokens", "256"], capture_output=True,
+                        "--allow-flush", "--json", "--tokens", "256", "--atol",
+                        str(run.a.atol)], capture_output=True,
                        text=True, env={**os.environ, **run.env()}, timeout=600)
     try:
         rep = json.loads(r.stdout.strip().splitlines()[-1])
@@ -193,7 +197,8 @@ def flip_ssd_blocks(store_dir: Path) -> int:
 def serve_mode(run: Run, mode: str, model: str) -> dict:
     backend = "flatcake" if mode == "hicache" else "flatcake-linker"
     store = run.work / f"serve-{mode}"
-    s = run.server(server_args(run, model, str(store), backend), f"serve-{mode}")
+    s = run.server(server_args(run, model, str(store), backend, float32=True),
+                   f"serve-{mode}")
     where = "storage" if mode == "hicache" else "host"
     try:
         row = {"verify": verify(run, s.url)}
@@ -315,6 +320,8 @@ def main(argv=None) -> int:
                    "cuda, 512 on cpu)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-file-peer", action="store_true", help="ttft without SGLang's file backend")
+    p.add_argument("--atol", type=float, default=1e-3, help="serve: the largest logprob "
+                   "difference flatcake verify takes as the same answer")
     p.add_argument("--raw-gib", type=float, default=1.0, help="environment's raw read size")
     p.add_argument("--work", default=None)
     a = p.parse_args(argv)
