@@ -107,34 +107,43 @@ def measured(server, prompt) -> dict:
 
 
 def run_mode(mode, model, work, a, delay) -> dict:
-    n = a.prompt
-    first, second, rest = ids(PAGE, 1), ids(PAGE, 2), ids(n - 2 * PAGE, 3)
-    m_prompt, s_prompt = first + second + rest, ids(n, 4)
     store = work / f"store-{mode}"
     env = {DELAY_ENV: str(delay)} if delay else {}
-    out = {c: [] for c in CASES}
-    with ServerProcess(server_args(mode, model, store, n), env=env,
+    with ServerProcess(server_args(mode, model, store, a.prompt), env=env,
                        log_path=str(work / f"{mode}.log")) as s:
         ttft(s, ids(64, 9))                          # warm-up (4 pages, stored too)
         wait_blocks(s, 4)
-        base = stored(s)
-        ttft(s, first)
-        wait_blocks(s, base + 1)
-        ttft(s, first + second)
-        wait_blocks(s, base + 2)
-        ttft(s, m_prompt)
-        wait_blocks(s, base + n // PAGE)
-        ttft(s, s_prompt)
-        wait_blocks(s, base + 2 * (n // PAGE))
-        out["stored"] = {k: int(v) for k, v in gauges(s).items()
-                         if k in ("flatcake_blocks_memory", "flatcake_blocks_ssd")}
-        for i in range(a.reps):
-            out["recompute"].append(measured(s, ids(n, 100 + i)))
-            flush(s)
-            out["memory"].append(measured(s, m_prompt))
-            out["device"].append(measured(s, m_prompt))
-            flush(s)
-            out["ssd"].append(measured(s, s_prompt))
+        return measure_cases(s, a.prompt, a.reps)
+
+
+def measure_cases(s, n: int, reps: int, seed: int = 0, before_ssd=None) -> dict:
+    """On a running server (flatcake in either mode, ``--enable-metrics``, short-reply
+    placement raised to ``n``): write the memory and SSD prompts of ``n`` tokens (seeds from
+    ``seed``), then ``reps`` rows of every case.  ``before_ssd()``, if given, runs just
+    before each SSD-tier request (after its flush)."""
+    first, second, rest = ids(PAGE, seed + 1), ids(PAGE, seed + 2), ids(n - 2 * PAGE, seed + 3)
+    m_prompt, s_prompt = first + second + rest, ids(n, seed + 4)
+    out = {c: [] for c in CASES}
+    base = stored(s)
+    ttft(s, first)
+    wait_blocks(s, base + 1)
+    ttft(s, first + second)
+    wait_blocks(s, base + 2)
+    ttft(s, m_prompt)
+    wait_blocks(s, base + n // PAGE)
+    ttft(s, s_prompt)
+    wait_blocks(s, base + 2 * (n // PAGE))
+    out["stored"] = {k: int(v) for k, v in gauges(s).items()
+                     if k in ("flatcake_blocks_memory", "flatcake_blocks_ssd")}
+    for i in range(reps):
+        out["recompute"].append(measured(s, ids(n, seed + 100 + i)))
+        flush(s)
+        out["memory"].append(measured(s, m_prompt))
+        out["device"].append(measured(s, m_prompt))
+        flush(s)
+        if before_ssd is not None:
+            before_ssd()
+        out["ssd"].append(measured(s, s_prompt))
     return out
 
 

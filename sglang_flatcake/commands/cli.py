@@ -67,6 +67,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="re-check every checksum; exit 1 on damage")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.add_argument("--ssd-bytes", help="SSD capacity for the watermark report (e.g. 512GiB)")
+    from . import verify
+    ve = sub.add_parser("verify", help="does a running server restore from flatcake? (a fresh "
+                                       "cache salt; --allow-flush to check a restore)")
+    verify.add_arguments(ve)
     pa = sub.add_parser("patch", help="check the installed SGLang (0.5.23) and apply or verify patches/")
     pa.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
 
@@ -101,6 +105,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             from ..config import parse_bytes
             ssd = parse_bytes(args.ssd_bytes, "--ssd-bytes") if args.ssd_bytes else None
             return inspect_store.run(args.dir, args.verify, args.json, ssd)
+        if args.cmd == "verify":
+            from . import verify
+            return verify.run(args)
         if args.cmd == "patch":
             from . import patch
             return patch.run(args.dry_run)
