@@ -28,7 +28,8 @@ from ..store import FlatCakeStore
 from ..store_checks import label_for
 from .metrics import MetricsExporter
 from .pages import HostPages
-from .signals import Counters, SignalBoard
+from .counters import Counters
+from .signals import SignalBoard
 from .write_once import WriteOnce
 
 log = logging.getLogger("sglang_flatcake")

@@ -238,7 +238,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.store.close()
 
     def stats(self) -> dict:
-        return {**self.counters, "load": dict(self.loader.counters),
-                "offload": dict(self.offloader.counters), "decision": self.finder.stats(),
+        return {**self.counters, "load": self.loader.counters.snapshot(),
+                "offload": self.offloader.counters.snapshot(), "decision": self.finder.stats(),
                 "damaged_pages": len(self.loader.damaged),
                 "admission": dict(self.admission.counters)}

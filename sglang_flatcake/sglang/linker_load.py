@@ -38,6 +38,7 @@ from ..read.planner import plan_reads
 from ..read.scatter import scatter_layer, warm_up
 from ..read.to_slots import blocks_to_slots, check_slots
 from ..read.window import LayerWindow
+from .counters import Counters
 
 log = logging.getLogger("sglang_flatcake")
 # Test hooks (never set in production): fill a load's slots with NaN before restoring into
@@ -96,8 +97,8 @@ class LayerLoader:
         self.store, self.pool, self.counter = store, pool, counter
         self.verify = verify
         self.damaged: set[str] = set()
-        self.counters = {"batches": 0, "requests": 0, "pages_from_memory": 0,
-                         "pages_from_ssd": 0, "failed_batches": 0, "checksum_failures": 0}
+        self.counters = Counters("batches", "requests", "pages_from_memory", "pages_from_ssd",
+                                 "failed_batches", "checksum_failures")   # two threads add
         self.restore_rate = None          # set by the linker: a ``sched.rates.Cost``
         dev = pool.device
         if dev is None:
@@ -136,7 +137,7 @@ class LayerLoader:
                 keys = [k for ld in batch.loads for k in ld.keys]
                 bad = sorted({keys[i] for i in corrupt})
                 self.damaged.update(bad)        # one C call: lookup reads it safely
-                self.counters["checksum_failures"] += len(bad)
+                self.counters.add("checksum_failures", len(bad))
                 err = FlatCakeError(f"checksum failed for {len(bad)} pages (first {bad[0]}); "
                                     f"not served")
             elif not progress.all_done:
@@ -148,7 +149,7 @@ class LayerLoader:
                 ld.lease.release()
             if err is not None or progress is None or not progress.all_done:
                 err = err or FlatCakeError("load batch stopped")
-                self.counters["failed_batches"] += 1
+                self.counters.add("failed_batches", 1)
                 log.error("flatcake linker: load of %s failed: %s",
                           [ld.rid for ld in batch.loads], err)
                 self.counter.fail(batch.index, err)
@@ -220,8 +221,8 @@ class LayerLoader:
             hits = min([n] + mine)
             ld.lease.record(ld.lease.plan(), hits, len(mine))
             mem = ld.lease.memory_hits(hits)
-            self.counters["pages_from_memory"] += mem
-            self.counters["pages_from_ssd"] += hits - mem
+            self.counters.add("pages_from_memory", mem)
+            self.counters.add("pages_from_ssd", hits - mem)
             offset += n
-        self.counters["batches"] += 1
-        self.counters["requests"] += len(batch.loads)
+        self.counters.add("batches", 1)
+        self.counters.add("requests", len(batch.loads))
