@@ -95,7 +95,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.pools = {PoolName.KV: kv}
         self.layer_done_counter = LayerWiseLoadCounter(len(self.pool.k))
         self.loader = LayerLoader(self.store, self.pool, self.layer_done_counter,
-                                  cfg.verify_reads, cfg.window_layers)
+                                  cfg.verify_reads)
         self.finder = Lookup(self.store, self.loader.damaged, cfg.recompute_when_faster)
         self.loader.restore_rate = self.finder.decider.restore
         self.admission = LinkerAdmission(      # the ready / SSD-preparing split of batches

@@ -17,7 +17,8 @@ from sglang_flatcake.store import FlatCakeStore
 PKG = Path(sglang_flatcake.__file__).resolve().parent
 PATHS = ["store_core.py", "store_write.py", "store_open.py", "store_stats.py", "reclaimer.py",
          "session_table.py", "read/get.py", "read/read_lease.py", "read/resolve.py",
-         "read/promote.py", "read/to_slots.py", "tiers/region_recovery.py"]
+         "read/promote.py", "read/to_slots.py", "read/slot_restore.py", "read/slot_copy.py",
+         "tiers/region_recovery.py"]
 
 
 def _imports(path: Path) -> set[str]:
