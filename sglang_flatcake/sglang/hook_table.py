@@ -135,6 +135,7 @@ _REQ_ = "sglang.srt.managers.schedule_batch.Req"
 # first).  ``repeated`` names a (mode, owner) row or an (owner, name) read given twice.
 READS: tuple[Reads, ...] = (
     Reads(_SA_, ("hicache_storage_backend", "hicache_storage_backend_extra_config",
+                 "model_path", "revision",
                  "enable_hierarchical_cache", "enable_unified_cache_external_linker",
                  "unified_cache_external_linker_config",
                  "unified_cache_external_linker_backend"), "cli"),
@@ -183,7 +184,7 @@ READS: tuple[Reads, ...] = (
           ("token_to_kv_pool_allocator", "page_size", "req_to_token_pool",
            "attn_tp_cache_group", "tp_cache_group", "pp_rank", "pp_size", "attn_cp_rank",
            "attn_cp_size"), "linker"),
-    Reads(_SA_, ("served_model_name", "model_path", "enable_metrics"), "linker"),
+    Reads(_SA_, ("served_model_name", "model_path", "revision", "enable_metrics"), "linker"),
     # HiCache on a CPU server (cpu.py)
     Reads(_SA_, ("device", "hicache_io_backend", "hicache_mem_layout"), "cpu"),
     Reads("sglang.srt.arg_groups.hicache_hook", ("declare_resolution", "resolving_view"), "cpu"),

@@ -88,7 +88,7 @@ def take_linker_flags(args: Any, flags: dict) -> dict:
     if not isinstance(extra, dict):
         raise ConfigError(f"linker_extra_config={extra!r} is not allowed: expected a JSON object")
     cfg = linker_config(extra, flags)
-    from .backend import check_writable, store_root
+    from .rank_store import check_writable, store_root
     check_writable(store_root(cfg, {}))
     merged = {**{_setting(k): v for k, v in extra.items()}, **flags}
     config["linker_extra_config"] = merged

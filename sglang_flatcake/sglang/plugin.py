@@ -89,8 +89,10 @@ def flatcake_settings(args) -> dict:
     return out
 
 
-def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict) -> str | None:
-    """Validate flatcake settings and return the extra-config JSON SGLang should see."""
+def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict,
+                        model: tuple[str | None, str | None] = (None, None)) -> str | None:
+    """Validate flatcake settings and return the extra-config JSON SGLang should see, with
+    ``model`` (path, revision: what the store caches KV for) under ``backend.MODEL_KEYS``."""
     if backend != BACKEND:
         if flags:
             raise ConfigError(f"{', '.join(_flag(k) for k in flags)} given, but "
@@ -107,11 +109,14 @@ def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict
                          prefetch_timeout_per_ki_token=parsed[3])
         else:
             extra = json.loads(extra_json)
-    from .backend import check_writable, config_from_extra, store_root
+    from .backend import config_from_extra
+    from .rank_store import check_writable, store_root
     merged = {**extra, **flags}
     cfg, rest = config_from_extra(merged)       # raises ConfigError naming the flag
     check_writable(store_root(cfg, rest))       # stop the launch now, not in the cache factory
     merged["hicache_storage_pass_prefix_keys"] = True
+    from .backend import MODEL_KEYS
+    merged.update({k: v for k, v in zip(MODEL_KEYS, model) if v})
     return json.dumps(merged)
 
 
@@ -139,7 +144,7 @@ def _from_cli_args_around(original, cls, args, *a, **kw):
         modes = modes_of(args)
         args.hicache_storage_backend_extra_config = merged_extra_config(
             args.hicache_storage_backend, args.hicache_storage_backend_extra_config,
-            take_linker_flags(args, flatcake_settings(args)))
+            take_linker_flags(args, flatcake_settings(args)), (args.model_path, args.revision))
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

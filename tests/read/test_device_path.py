@@ -17,7 +17,7 @@ from sglang_flatcake.layout import KVLayout
 from sglang_flatcake.read import device as dv
 from sglang_flatcake.read.to_slots import restore_through_window
 from sglang_flatcake.read.window import LayerWindow
-from sglang_flatcake.sglang import standin
+from tests.support import standin
 from tests.support.window import kv_dests, store_with_session
 
 

@@ -30,7 +30,7 @@ from tests.support import chain, extend  # noqa: E402
 PAGE, LAYERS, HEADS, DIM, SLOTS = 4, 3, 2, 8, 512
 
 
-ARGS = SimpleNamespace(model_path="tiny", served_model_name=None,
+ARGS = SimpleNamespace(model_path="tiny", served_model_name=None, revision=None,
                        enable_metrics=False)   # the ServerArgs fields read
 
 
