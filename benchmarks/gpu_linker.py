@@ -29,8 +29,8 @@ from types import SimpleNamespace
 from unittest import mock
 
 from sglang_flatcake.read import device as dv
-from sglang_flatcake.sglang import standin
-from sglang_flatcake.sglang.standin_linker import load_linker_contract
+from tests.support import standin
+from tests.support.standin_linker import load_linker_contract
 
 PAGE, LAYERS, SLOTS = 16, 8, 64 * 16
 POOLS = {"mha_bf16": ("mha", 8, 128), "mla_bf16": ("mla", 1, 576)}
@@ -64,7 +64,7 @@ class Rig:
             page_size=PAGE, req_to_token_pool=SimpleNamespace(req_to_token=self.rows),
             attn_tp_cache_group=None, tp_cache_group=None, pp_rank=0, pp_size=1,
             attn_cp_rank=0, attn_cp_size=1)
-        args = SimpleNamespace(model_path="gpu-check", served_model_name=None,
+        args = SimpleNamespace(model_path="gpu-check", served_model_name=None, revision=None,
                                enable_metrics=False)
         cfg = {"store_dir": root, "durable": False, "memory_bytes": "64MiB",
                "ssd_bytes": "1GiB", "extent_bytes": "1MiB"}

@@ -6,7 +6,7 @@
    restored into SGLang-shaped device pools, every piece compared with ``store.get``;
    then bytes flipped in the session file, which must come back as misses from there;
 3. ``direct_flow``: one ``DirectRestorer`` flow (allocate, restore, finish) with the
-   stand-in scheduler of ``sglang_flatcake/sglang/standin.py`` on device tensors.
+   stand-in scheduler of ``tests/support/standin.py`` on device tensors.
 ``dev`` is ``device.CUDA`` or ``device.EMULATED`` (``--emulate``: the same code on the
 host, so the script is proven on a CPU before it goes to the GPU).
 """
@@ -29,7 +29,7 @@ from sglang_flatcake.layout import KVLayout, SegmentGeometry
 from sglang_flatcake.read.planner import SegmentRead
 from sglang_flatcake.read.scatter import cuda_launcher, prepare
 from sglang_flatcake.placement import WriteSignals
-from sglang_flatcake.sglang import standin
+from tests.support import standin
 from sglang_flatcake.store import FlatCakeStore
 
 LENGTHS = [1, 3, 8, 16, 100, 128, 200, 240, 241, 1024, 1025, 4000, 32768, 262144]

@@ -6,4 +6,4 @@ this package knows nothing about SGLang; ``sglang_flatcake.sglang`` adapts it.
 """
 
 __version__ = "0.1.0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                # 2: key fingerprints fold in all 32 bytes of a hex key

@@ -111,7 +111,8 @@ def _put_placed(core: StoreCore, s: Session, dig: np.ndarray, blocks: np.ndarray
         try:
             if not s.durable:     # a memory-only session needs nothing on disk
                 core.ssd.open_session(s, fsync=core.config.durable)
-                s.durable = True
+                with core.locked():          # a session's fields change under the lock
+                    s.durable = True
             seg = write_segment(core, s, dig[ssd_idx], blocks[ssd_idx], first_pos, sigs[0].turn)
         except NotStoredError as e:
             error = str(e)

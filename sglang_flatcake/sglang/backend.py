@@ -13,22 +13,20 @@ batches of the session the write continues.
 from __future__ import annotations
 
 import logging
-import os
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, List, Optional
 
 
-from ..config import FlatCakeConfig, default_store_dir
-from ..errors import ConfigError, UnsafeStoreError
-from ..private_fs import private_dir
+from ..config import FlatCakeConfig
+from ..errors import ConfigError
 from ..placement import WriteSignals
 from ..store import FlatCakeStore
 from ..store_checks import label_for
+from .counters import Counters
 from .metrics import MetricsExporter
 from .pages import HostPages
-from .signals import Counters, SignalBoard
+from .rank_store import open_rank_store, place_rank
+from .signals import SignalBoard
 from .write_once import WriteOnce
 
 log = logging.getLogger("sglang_flatcake")
@@ -52,6 +50,8 @@ def metrics_type() -> type:
 # keys SGLang itself puts into extra_config, which are not flatcake settings
 _SGLANG_KEYS = {"file_storage_path", "backend_name", "module_path", "class_name", "interface_v1",
                 "tp_lcm_size"}
+# keys the launcher adds (``plugin.merged_extra_config``): the model the store caches KV for
+MODEL_KEYS = ("model_path", "model_revision")
 
 
 def config_from_extra(extra: dict | None) -> tuple[FlatCakeConfig, dict]:
@@ -63,63 +63,10 @@ def config_from_extra(extra: dict | None) -> tuple[FlatCakeConfig, dict]:
         key = k.replace("-", "_")
         key = key[len("flatcake_"):] if key.startswith("flatcake_") else key
         (ours if key in names else rest)[key if key in names else k] = v
-    unknown = set(rest) - _SGLANG_KEYS
+    unknown = set(rest) - _SGLANG_KEYS - set(MODEL_KEYS)
     if unknown:
         log.warning("flatcake: ignoring unknown extra-config keys %s", sorted(unknown))
     return FlatCakeConfig.from_mapping(ours, prefix="--flatcake-"), rest
-
-
-def store_root(cfg: FlatCakeConfig, rest: dict) -> str:
-    """The folder every rank's store lives under (``--flatcake-store-dir`` or SGLang's file path)."""
-    return (cfg.store_dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
-            or rest.get("file_storage_path") or default_store_dir())
-
-
-def check_writable(root: str) -> None:
-    """Create ``root`` (private, ``private_fs.private_dir``) and write a file in it;
-    ``ConfigError`` naming the path if that fails or the directory is unsafe."""
-    import tempfile
-    try:
-        safe = private_dir(root)
-        with tempfile.NamedTemporaryFile(dir=safe, prefix=".flatcake-write-check-"):
-            pass
-    except UnsafeStoreError as e:
-        raise ConfigError(f"--flatcake-store-dir={root!r} is not safe to use: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"--flatcake-store-dir={root!r} cannot be written: "
-                          f"{e.strerror or e}") from None
-
-
-def rank_dir(root: str, cfg: Any) -> Path:
-    """The folder one rank owns: ``root/<model>/tp<rank>of<size>[_pp..][_dp..][_cp..]``."""
-    model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(cfg.model_name or "model"))[-80:]
-    parts = [f"tp{cfg.tp_rank}of{cfg.tp_size}"]
-    if cfg.pp_size > 1:
-        parts.append(f"pp{cfg.pp_rank}of{cfg.pp_size}")
-    if cfg.attn_cp_size > 1:
-        parts.append(f"cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}")
-    if cfg.dp_rank:
-        parts.append(f"dp{cfg.dp_rank}")
-    return Path(root) / model / "_".join(parts)
-
-
-def rank_ssd_path(path: str, cfg: Any) -> str:
-    """This rank's device or file: ``{rank}`` in ``path`` becomes the global rank number, or
-    a comma list gives one path per rank; one plain path serves a single rank only."""
-    rank = cfg.pp_rank * cfg.tp_size + cfg.tp_rank
-    ranks = cfg.tp_size * cfg.pp_size
-    if "{rank}" in path:
-        return path.replace("{rank}", str(rank))
-    parts = [p.strip() for p in path.split(",")]
-    if len(parts) > 1:
-        if len(parts) != ranks:
-            raise ConfigError(f"--flatcake-ssd-path lists {len(parts)} paths for {ranks} ranks; "
-                              f"give one per rank, or one path with {{rank}}")
-        return parts[rank]
-    if ranks > 1:
-        raise ConfigError(f"--flatcake-ssd-path={path!r} is one region for {ranks} ranks; "
-                          f"give one per rank (a comma list) or a path with {{rank}}")
-    return path
 
 
 class FlatCakeStorage(HiCacheStorage):
@@ -132,13 +79,9 @@ class FlatCakeStorage(HiCacheStorage):
             raise ConfigError(
                 "flatcake: MLA models with --tp-size > 1 are not supported yet (only one rank "
                 "writes MLA pages, and each rank owns its own store); use --tp-size 1")
-        root = store_root(self.config, rest)
-        check_writable(root)
-        self.dir = rank_dir(root, storage_config)
-        if self.config.ssd_path:
-            import dataclasses
-            self.config = dataclasses.replace(
-                self.config, ssd_path=rank_ssd_path(self.config.ssd_path, storage_config))
+        self.dir, self.config = place_rank(self.config, rest, storage_config)
+        self.model = (rest.get("model_path") or storage_config.model_name,
+                      rest.get("model_revision"))
         self.store: Optional[FlatCakeStore] = None
         self.pages: Optional[HostPages] = None
         self.mem_pool_host = None
@@ -173,7 +116,7 @@ class FlatCakeStorage(HiCacheStorage):
                    else [mem_pool_host.k_buffer, mem_pool_host.v_buffer])
         self.pages = HostPages(buffers, mem_pool_host.layout, mem_pool_host.page_size,
                                int(mem_pool_host.layer_num), kind)
-        self.store = FlatCakeStore(self.dir, self.pages.kv_layout, self.config)
+        self.store = open_rank_store(self.dir, self.pages.kv_layout, self.config, *self.model)
         if self.config.cluster_directory:
             from ..cluster.node import ClusterNode
             self.cluster = ClusterNode(self.store, self.config)

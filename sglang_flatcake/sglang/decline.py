@@ -4,8 +4,8 @@
 picked SSD prefetch again before it starts, and under ``--flatcake-single-queue`` decides there for
 the first time (the head restores while the requests ahead of it prefill, so the disk and GPU it
 meets are known only then).  Each takes the scheduler's flatcake state
-``st`` (``scheduling.FlatCakeScheduling``: its ``agree``, ``estimates``, ``policy``, ``flows``,
-``restorer``), and every rank makes the same one all-reduce (MIN of "restore", so one rank that
+``st`` (``SchedulingState``: ``scheduling.FlatCakeScheduling``'s ``agree``, ``estimates``,
+``policy``, ``flows``, ``restorer``), and every rank makes the same one all-reduce (MIN of "restore", so one rank that
 would recompute makes all of them recompute).  A declined span is cut before its first SSD page
 (``Flow.cut``): its memory pages still restore, none left means no flow at all, and SGLang
 prefills the rest, so what is served is always a prefix of the stored KV.
@@ -14,15 +14,34 @@ prefills the rest, so what is served is always a prefix of the stored KV.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Protocol
 
+from ..sched.queues import TwoQueuePolicy
 from ..sched.recompute import Choice
-from .direct import Flow
+from .direct import DirectRestorer, Flow
+from .recompute import ServerEstimates
 
 log = logging.getLogger("sglang_flatcake")
 
 
-def at_arrival(st: Any, flow: Flow | None, pages: int, lead: int,
+class SchedulingState(Protocol):
+    """What the two calls read and change of the scheduler's flatcake state
+    (``scheduling.FlatCakeScheduling``, which imports this module: hence a protocol)."""
+
+    estimates: ServerEstimates
+    policy: TwoQueuePolicy
+    restorer: DirectRestorer
+    flows: dict[str, Flow]
+    single_queue: bool
+
+    def agree(self, values: list[float], op: str) -> list[float]:
+        """The same ``op`` (min | max) of ``values`` on every TP rank (one all-reduce)."""
+
+    def drop(self, rid: str) -> None:
+        """Forget ``rid``'s flow (nothing of it restores)."""
+
+
+def at_arrival(st: SchedulingState, flow: Flow | None, pages: int, lead: int,
                ssd: int) -> tuple[Flow | None, Choice | None]:
     """The agreed decision for a span of ``pages`` pages (agreed), ``lead`` of them in memory
     before the first SSD page, ``ssd`` bytes on SSD (agreed, > 0): ``(flow, this rank's
@@ -52,7 +71,7 @@ def at_arrival(st: Any, flow: Flow | None, pages: int, lead: int,
     return flow, None
 
 
-def at_start(st: Any, rid: str) -> bool:
+def at_start(st: SchedulingState, rid: str) -> bool:
     """The policy picked ``rid``'s SSD prefetch: is restoring (still) faster than recomputing
     (``ServerEstimates.recheck``)?  If not, its SSD pages are declined
     (``TwoQueuePolicy.declined``): the flow is cut to its memory pages (True: those still

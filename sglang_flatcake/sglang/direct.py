@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -44,6 +44,7 @@ import numpy as np
 
 from .. import address as addr
 from ..read import device as dv
+from ..read.slot_restore import SlotRestorer
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -106,7 +107,6 @@ class DirectRestorer:
             self.dest_k, self.dest_v = list(kv.k_buffer), list(kv.v_buffer)
         else:
             self.dest_k, self.dest_v = list(kv.kv_buffer), None
-        self.window = None
         self.device = dv.device_of(self.dest_k[0])
         if self.device is None and dv.emulation_wanted():
             # the CPU pool, served as memory of the scheduler thread's emulated device
@@ -115,30 +115,20 @@ class DirectRestorer:
             self.dest_k = [dv.emulated_view(t, i) for t in self.dest_k]
             self.dest_v = None if self.dest_v is None else [dv.emulated_view(t, i)
                                                             for t in self.dest_v]
-        if self.device is not None:
-            # SSD bytes land in a device window (kvikio), are verified and scattered there
-            from ..read.window import LayerWindow
-            cfg = self.backend.config
-            engine = dv.window_engine(self.device, cfg.alignment, cfg.io_threads)
-            self.window = LayerWindow(engine, WINDOW_BYTES, cfg.window_layers,
-                                      device=self.device.name)
+        # on a device SSD bytes land in the restorer's window (kvikio), are verified and
+        # scattered there (a host pool gets a window per restore, sized to it); its one
+        # worker makes the pool's device current (SGLang sets the device per process, and
+        # a new thread starts on device 0)
+        self.slots = SlotRestorer(self.dest_k, self.dest_v, self.device, self.backend.config,
+                                  WINDOW_BYTES if self.device is not None else 0)
         log.info("flatcake: direct restores into %s memory",
                  "host" if self.device is None else self.device.name)
-        # SGLang sets the device per process (set_device); a new thread starts on device 0
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="flatcake-restore",
-                                       initializer=self._on_worker)
-        from ..read.scatter import warm_up
-        self.pool.submit(warm_up)              # compile the CPU scatter before the first restore
+        self.slots.submit(lambda: None)        # the worker up, the CPU scatter compiled
         self.delay = float(os.environ.get(DELAY_ENV, "0") or 0)
         if self.delay:
             log.warning("flatcake: %s=%s slows every SSD restore (a test hook)", DELAY_ENV,
                         self.delay)
         self.backend.direct_counters = self.counters
-
-    def _on_worker(self) -> None:
-        """The restore worker's first act: make the pool's device current."""
-        if self.device is not None:
-            self.device.activate()                      # fence: the worker's device
 
     def forward_fence(self):
         """An event after everything SGLang's forward pass has enqueued so far (on CUDA its
@@ -278,18 +268,18 @@ class DirectRestorer:
                 time.sleep(delay)
             try:
                 if fence is not None:
-                    self.window.after(fence)            # fence: SGLang's forward stream
+                    self.slots.after(fence)             # fence: SGLang's forward stream
                 if flow.remote is not None:
                     from ..cluster.to_slots import restore_with_remote
                     return restore_with_remote(store, self.backend.cluster, flow.keys,
                                                flow.remote, self.dest_k, self.dest_v, slots,
-                                               window=self.window)
+                                               window=self.slots.window)
                 return store.restore_to_slots(flow.keys, self.dest_k, self.dest_v, slots,
-                                              window=self.window)
+                                              window=self.slots.window)
             finally:
                 flow.io_s = time.monotonic() - t0
 
-        flow.future = self.pool.submit(work)
+        flow.future = self.slots.submit(work)
 
     @staticmethod
     def wait(flows: list[Flow], timeout_s: float) -> None:
@@ -372,7 +362,4 @@ class DirectRestorer:
             self.tree.dec_lock_ref(node, params)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True)
-        if self.window is not None:
-            self.window.close()
-            self.window.engine.close()
+        self.slots.close()

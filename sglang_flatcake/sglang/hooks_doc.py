@@ -1,4 +1,4 @@
-"""``docs/sglang-hooks.md``, generated from the tables of ``hooks.py``.
+"""``docs/sglang-hooks.md``, generated from the tables of ``hook_table.py``.
 
 Regenerate with ``python -m sglang_flatcake.sglang.hooks_doc > docs/sglang-hooks.md``; a test
 fails when the page and the tables differ.
@@ -8,43 +8,50 @@ from __future__ import annotations
 
 import sys
 
-from .hooks import HOOKS, KEPT_DEFAULTS, MEMBERS, PRIVATE, SGLANG_VERSION, WRITES
+from .hook_table import (HOOKS, KEPT_DEFAULTS, MEMBERS, MODES, PRIVATE, READS, SGLANG_VERSION,
+                         WRITES)
 
 DOC_PATH = "docs/sglang-hooks.md"
 
 
 def render_doc() -> str:
-    """The page, from ``HOOKS``, ``MEMBERS``, ``KEPT_DEFAULTS``, ``PRIVATE`` and ``WRITES``."""
+    """The page, from ``HOOKS``, ``READS``, ``KEPT_DEFAULTS``, ``PRIVATE`` and ``WRITES``."""
     lines = [
         "# SGLang hooks",
         "",
-        "<!-- generated from sglang_flatcake/sglang/hooks.py by "
+        "<!-- generated from sglang_flatcake/sglang/hook_table.py by "
         "`python -m sglang_flatcake.sglang.hooks_doc > docs/sglang-hooks.md`; "
         "tests fail when it drifts -->",
         "",
         f"flatcake changes SGLang {SGLANG_VERSION} only through runtime hooks registered by its "
-        "`sglang.srt.plugins` entry point (`sglang_flatcake/sglang/plugin.py`); each is a no-op "
-        "unless `--hicache-storage-backend flatcake` is selected or the server runs on a CPU "
-        "device.  At start (in every SGLang process that loads plugins) each target is resolved "
-        "and its parameters compared with the ones below, and every SGLang member the adapter "
-        "reads is looked up; a mismatch stops the launch with one line naming it and the SGLang "
-        "version.  `flatcake patch` runs the same check and lists every mismatch.",
+        "`sglang.srt.plugins` entry point (`sglang_flatcake/sglang/plugin.py`), by mode: "
+        "`cli` in every process that loads the plugin (the flags that select flatcake); "
+        "`hicache` with `--hicache-storage-backend flatcake`; `linker` with `FlatCakeLinker` "
+        "as the external linker; `cpu` for HiCache (any backend) on a server without an "
+        "accelerator.  The launcher picks the modes from its parsed flags and hands them to "
+        "the processes it starts (`SGLANG_FLATCAKE_MODES`); a server that selects no flatcake "
+        "mode gets only the `cli` rows.  At each mode's start its hook targets are resolved "
+        "and their parameters compared with the ones below, and the SGLang members it reads "
+        "are looked up; a mismatch stops the launch with one line naming it and the SGLang "
+        "version, before that mode registers a hook.  `flatcake patch` checks every mode and "
+        "lists every mismatch.",
         "",
         f"## Hooks ({len(HOOKS)})",
         "",
-        "| target | kind | handler | why |",
-        "|---|---|---|---|",
+        "| target | mode | kind | handler | why |",
+        "|---|---|---|---|---|",
     ]
     for h in HOOKS:
-        only = " (CPU only)" if h.cpu_only else ""
-        lines.append(f"| `{h.short}`{only} | {h.kind} | `{h.handler}` | {h.why} |")
+        lines.append(f"| `{h.short}` | {h.mode} | {h.kind} | `{h.handler}` | {h.why} |")
     lines += ["", "Full targets and the parameters checked at start:", ""]
     for h in HOOKS:
         lines.append(f"- `{h.target}({', '.join(h.params)})`")
     lines += ["", f"## SGLang members read ({sum(map(len, MEMBERS.values()))})", "",
-              "Read as plain attributes (no defaults), and checked at start:", ""]
-    for owner, names in MEMBERS.items():
-        lines.append(f"- `{owner}`: {', '.join(f'`{n}`' for n in names)}")
+              "Read as plain attributes (no defaults), and checked at the start of the mode "
+              "that reads them:", ""]
+    for mode in MODES:
+        for r in (r for r in READS if r.mode == mode):
+            lines.append(f"- {mode}: `{r.owner}`: {', '.join(f'`{n}`' for n in r.names)}")
     lines += ["", f"## Reads with a default ({len(KEPT_DEFAULTS)})", "",
               "Every other SGLang member is read without a default; these few keep one:", "",
               "| where | read | why the default is harmless |", "|---|---|---|"]

@@ -12,14 +12,13 @@ contract is ``unified_cache_linker.UnifiedCacheLinker``.  Each call's stage live
 own module: settings (``linker_config``), the device pool (``linker_pool``), ``lookup``
 (``linker_lookup``), ``load``/``start_layer_wise_loading`` (``linker_load``), ``offload``
 (``linker_offload``, ``linker_signals``).  Each rank opens its own store under
-``store_dir`` (``backend.rank_dir``), as in HiCache mode.  What is not supported is
+``store_dir`` (``rank_store.rank_dir``), as in HiCache mode.  What is not supported is
 refused at start, by name: components other than full attention, pools without
 per-layer KV buffers, MLA with more than one TP rank.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from types import SimpleNamespace
@@ -32,8 +31,6 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
     LayerWiseLoadCounter, UnifiedCacheLinker)
 
 from ..errors import ConfigError
-from ..store import FlatCakeStore
-from .backend import check_writable, rank_dir, rank_ssd_path, store_root
 from .linker_admission import LinkerAdmission, agree_max
 from .linker_config import linker_config
 from .linker_load import Batch, LayerLoader, Load
@@ -42,6 +39,7 @@ from .linker_offload import Offloader
 from .linker_pool import DevicePool
 from .linker_signals import SlotKeys
 from .metrics import MetricsExporter
+from .rank_store import open_rank_store, place_rank
 
 log = logging.getLogger("sglang_flatcake")
 RECOMPUTE_ENTRIES = 4096   # rids remembered between lookup and load (a request that never loads ages out)
@@ -86,16 +84,13 @@ class FlatCakeLinker(UnifiedCacheLinker):
                                 attn_cp_rank=params.attn_cp_rank,
                                 attn_cp_size=params.attn_cp_size,
                                 dp_rank=0)
-        root = store_root(self.config, {})
-        check_writable(root)
-        cfg = self.config
-        if cfg.ssd_path:
-            cfg = dataclasses.replace(cfg, ssd_path=rank_ssd_path(cfg.ssd_path, where))
-        self.store = FlatCakeStore(rank_dir(root, where), self.pool.layout, cfg)
+        folder, cfg = place_rank(self.config, {}, where)
+        self.store = open_rank_store(folder, self.pool.layout, cfg, server_args.model_path,
+                                     server_args.revision)
         self.pools = {PoolName.KV: kv}
         self.layer_done_counter = LayerWiseLoadCounter(len(self.pool.k))
         self.loader = LayerLoader(self.store, self.pool, self.layer_done_counter,
-                                  cfg.verify_reads, cfg.window_layers)
+                                  cfg.verify_reads)
         self.finder = Lookup(self.store, self.loader.damaged, cfg.recompute_when_faster)
         self.loader.restore_rate = self.finder.decider.restore
         self.admission = LinkerAdmission(      # the ready / SSD-preparing split of batches
@@ -238,7 +233,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.store.close()
 
     def stats(self) -> dict:
-        return {**self.counters, "load": dict(self.loader.counters),
-                "offload": dict(self.offloader.counters), "decision": self.finder.stats(),
+        return {**self.counters, "load": self.loader.counters.snapshot(),
+                "offload": self.offloader.counters.snapshot(), "decision": self.finder.stats(),
                 "damaged_pages": len(self.loader.damaged),
                 "admission": dict(self.admission.counters)}

@@ -68,23 +68,27 @@ def selects_flatcake(config: Any) -> bool:
         and config.get("linker_module_path") == MODULE
 
 
+def runs_flatcake_linker(args: Any) -> bool:
+    """Whether parsed server ``args`` select ``FlatCakeLinker`` as the external linker."""
+    return bool(args.enable_unified_cache_external_linker) \
+        and args.unified_cache_external_linker_backend == "dynamic" \
+        and selects_flatcake(args.unified_cache_external_linker_config)
+
+
 def take_linker_flags(args: Any, flags: dict) -> dict:
     """In the launcher: when ``args`` selects ``FlatCakeLinker``, merge ``flags`` into its
     ``linker_extra_config`` (flags win), validate it and check the store directory, and
     return ``{}`` (the flags are used); otherwise return ``flags`` unchanged.
     ``ConfigError`` (one line, naming the value) for a bad setting."""
-    if not args.enable_unified_cache_external_linker:
+    if not runs_flatcake_linker(args):
         return flags
     raw = args.unified_cache_external_linker_config
-    if args.unified_cache_external_linker_backend != "dynamic" \
-            or not selects_flatcake(raw):
-        return flags
     config = json.loads(raw) if isinstance(raw, str) else dict(raw)
     extra = config.get("linker_extra_config") or {}
     if not isinstance(extra, dict):
         raise ConfigError(f"linker_extra_config={extra!r} is not allowed: expected a JSON object")
     cfg = linker_config(extra, flags)
-    from .backend import check_writable, store_root
+    from .rank_store import check_writable, store_root
     check_writable(store_root(cfg, {}))
     merged = {**{_setting(k): v for k, v in extra.items()}, **flags}
     config["linker_extra_config"] = merged

@@ -3,16 +3,17 @@
 ``load`` (scheduler thread) takes a read lease on the request's pages at once: the pages
 are pinned (reclaim cannot free them) and a page the store no longer holds makes ``load``
 return False, so SGLang frees the slots and recomputes, with no error.  ``start`` hands
-every queued request of the batch to one loader thread, which:
+every queued request of the batch to the loader's ``read.slot_restore.SlotRestorer`` (the
+restore routine both modes share; it owns the window and the one loader thread), which:
 
 1. waits for the batch's ready event (the slots may still be read by the last forward);
-2. scatters the memory-tier pages from the host arena (``to_slots.blocks_to_slots``);
-3. reads the SSD pages of all requests as one plan (``planner.plan_reads``: sorted,
-   merged, gaps read through) through the layer window (``window.LayerWindow.restore``,
-   layer order), each piece's checksum verified where it landed, then scattered;
-4. marks layer ``l`` complete on SGLang's counter only when every SSD piece of layers
-   ``<= l`` was verified and scattered (on a device: its scatter event has completed and
-   its checksum flag read back).
+2. scatters the memory-tier pages from the host arena;
+3. reads the SSD pages of all requests as one plan (sorted, merged, gaps read through)
+   through its layer window, layer order, each piece's checksum verified where it landed,
+   then scattered;
+4. marks layer ``l`` complete on SGLang's counter (``on_layer``) only when every piece of
+   layers ``<= l`` was verified and scattered (on a device: its scatter event has
+   completed and its checksum flag read back).
 
 A checksum failure or an I/O error fails the batch's counter: the forward (which does not
 stop on a failed layer) runs on, ``finish`` returns False and SGLang aborts the loading
@@ -23,21 +24,18 @@ private to them, so no other request reads them.  The failed keys go to ``damage
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import FlatCakeError, IOEngineError
-from ..read.planner import plan_reads
-from ..read.scatter import scatter_layer, warm_up
-from ..read.to_slots import blocks_to_slots, check_slots
-from ..read.window import LayerWindow
+from ..read.slot_restore import SlotRestorer
+from .counters import Counters
 
 log = logging.getLogger("sglang_flatcake")
 # Test hooks (never set in production): fill a load's slots with NaN before restoring into
@@ -65,49 +63,20 @@ class Batch:
     started: float = field(default_factory=time.monotonic)
 
 
-class LayerProgress:
-    """Per-layer piece counts of one batch; completes layers on ``counter`` in order."""
-
-    def __init__(self, counter, index: int, expected: np.ndarray) -> None:
-        self.counter, self.index = counter, index
-        self.expected, self.landed = expected, np.zeros_like(expected)
-        self.next = 0
-
-    def landed_pieces(self, layer: int, n: int) -> None:
-        self.landed[layer] += n
-        self.advance()
-
-    def advance(self) -> None:
-        while self.next < len(self.expected) and \
-                self.landed[self.next] >= self.expected[self.next]:
-            self.counter.complete(self.index, self.next)
-            self.next += 1
-
-    @property
-    def all_done(self) -> bool:
-        return self.next == len(self.expected)
-
-
 class LayerLoader:
     """Runs batches on one thread.  ``damaged`` (keys whose checksum failed) is read by
     ``lookup`` on the scheduler thread."""
 
-    def __init__(self, store, pool, counter, verify: bool, depth: int) -> None:
+    def __init__(self, store, pool, counter, verify: bool) -> None:
         self.store, self.pool, self.counter = store, pool, counter
         self.verify = verify
         self.damaged: set[str] = set()
-        self.counters = {"batches": 0, "requests": 0, "pages_from_memory": 0,
-                         "pages_from_ssd": 0, "failed_batches": 0, "checksum_failures": 0}
+        self.counters = Counters("batches", "requests", "pages_from_memory", "pages_from_ssd",
+                                 "failed_batches", "checksum_failures")   # two threads add
         self.restore_rate = None          # set by the linker: a ``sched.rates.Cost``
-        dev = pool.device
-        if dev is None:
-            self.window = LayerWindow(store.engine, WINDOW_BYTES, depth)
-        else:
-            from ..read import device as dv
-            engine = dv.window_engine(dev, store.config.alignment, store.config.io_threads)
-            self.window = LayerWindow(engine, WINDOW_BYTES, depth, device=dev.name)
-        self.pool_thread = ThreadPoolExecutor(1, thread_name_prefix="flatcake-load")
-        self.pool_thread.submit(warm_up)
+        self.slots = SlotRestorer(pool.dest_k, pool.dest_v, pool.device, store.config,
+                                  WINDOW_BYTES, host_engine=store.engine, name="flatcake-load")
+        self.slots.submit(lambda: None)   # the worker up (and the CPU scatter compiled) now
         self.poison = os.environ.get(POISON_ENV, "") == "1"
         self.delay = float(os.environ.get(DELAY_ENV, "0") or 0)
         if self.poison or self.delay:
@@ -115,113 +84,69 @@ class LayerLoader:
                         self.poison, DELAY_ENV, self.delay)
 
     def submit(self, batch: Batch) -> None:
-        batch.future = self.pool_thread.submit(self._run, batch)
+        batch.future = self.slots.submit(self._run, batch)
 
     def close(self) -> None:
-        self.pool_thread.shutdown(wait=True)
-        self.window.close()
-        if self.pool.device is not None:
-            self.window.engine.close()
+        self.slots.close()
 
     # -- the loader thread ---------------------------------------------------------------
     def _run(self, batch: Batch) -> None:
         err: BaseException | None = None
-        progress = None
+        landed = -1
         corrupt: list[int] = []
         try:
             if batch.ready is not None:
                 batch.ready.synchronize()
-            progress, corrupt = self._restore(batch)
+            landed, corrupt = self._restore(batch)
             if corrupt:
                 keys = [k for ld in batch.loads for k in ld.keys]
                 bad = sorted({keys[i] for i in corrupt})
                 self.damaged.update(bad)        # one C call: lookup reads it safely
-                self.counters["checksum_failures"] += len(bad)
+                self.counters.add("checksum_failures", len(bad))
                 err = FlatCakeError(f"checksum failed for {len(bad)} pages (first {bad[0]}); "
                                     f"not served")
-            elif not progress.all_done:
+            elif landed < self.store.layout.layers:
                 err = FlatCakeError("a layer did not land")
         except (FlatCakeError, OSError, RuntimeError, ValueError) as e:
             err = e
         finally:
             for ld in batch.loads:
                 ld.lease.release()
-            if err is not None or progress is None or not progress.all_done:
+            if err is not None or landed < self.store.layout.layers:
                 err = err or FlatCakeError("load batch stopped")
-                self.counters["failed_batches"] += 1
+                self.counters.add("failed_batches", 1)
                 log.error("flatcake linker: load of %s failed: %s",
                           [ld.rid for ld in batch.loads], err)
                 self.counter.fail(batch.index, err)
 
-    def _restore(self, batch: Batch) -> tuple[LayerProgress, list[int]]:
-        lay, pool = self.store.layout, self.pool
-        keys = [k for ld in batch.loads for k in ld.keys]
+    def _restore(self, batch: Batch) -> tuple[int, list[int]]:
+        """Restore the batch through the slot restorer; (layers completed on SGLang's
+        counter, corrupt page indices into the batch's keys joined)."""
         slots = np.concatenate([ld.slots for ld in batch.loads])
-        dests, first_slot = check_slots(lay, keys, pool.dest_k, pool.dest_v, slots)
         if self.poison:
-            pool.poison(slots)
-        reads, offset = [], 0
-        mem_src, mem_dest = [], []
-        for ld in batch.loads:
-            lease = ld.lease
-            reads += [dataclasses.replace(r, dest=r.dest + offset) for r in lease.reads]
-            mem_src.append(lease.memory_slots)
-            mem_dest.append(lease.memory_dest + offset)
-            offset += len(ld.keys)
-        plan = plan_reads(reads, self.store.config.alignment, self.store.config.merge_gap_bytes)
-        expected = np.bincount(plan.piece_layer, minlength=lay.layers)[:lay.layers] \
-            if reads else np.zeros(lay.layers, np.int64)
-        progress = LayerProgress(self.counter, batch.index, expected.astype(np.int64))
-        dev = pool.device
-        stream = self.window.stream
-        src, dst = np.concatenate(mem_src), np.concatenate(mem_dest)
-        if len(src):
-            keep = blocks_to_slots(batch.loads[0].lease.arena_buf, src, dst, lay, dests,
-                                   first_slot, dev, stream)
-            if dev is not None:
-                dev.record(stream).synchronize()
-            keep.clear()
-        progress.advance()              # layers with no SSD piece are complete now
-        corrupt: list[int] = []
-        if reads:
-            t0 = time.monotonic()
+            self.pool.poison(slots)
+        done = [0]
 
-            def scatter_fn(layer, buf, src_off, dest, mask=None):
-                if self.delay:                  # a slower disk, for benchmarks and tests
-                    time.sleep(self.delay * len(dest) * plan.piece_bytes / (1 << 20))
-                ev = scatter_layer(buf, src_off, first_slot[dest], [d[layer] for d in dests],
-                                   lay, stream=stream, mask=mask)
-                n = len(dest)
-                if dev is not None:
-                    (ev or dev.record(stream)).synchronize()
-                    if mask is not None:
-                        n = int(np.count_nonzero(dev.download(mask, stream)))
-                progress.landed_pieces(layer, n)
-                return None
+        def on_layer(layer: int) -> None:
+            self.counter.complete(batch.index, layer)
+            done[0] += 1
 
-            try:
-                stats = self.window.restore(plan, scatter_fn, verify=self.verify, order="layer")
-            except IOEngineError:
-                for ld in batch.loads:
-                    ld.lease.record(ld.lease.plan(), 0, read_error=True)
-                raise
-            corrupt = list(stats.corrupt)
-            if self.restore_rate is not None:
-                self.restore_rate.observe(plan.bytes_wanted, time.monotonic() - t0)
-        self._record(batch, corrupt)
-        return progress, corrupt
+        pace = None
+        if self.delay:                                  # a slower disk, for benchmarks and tests
+            piece = self.store.layout.block_layer_bytes
 
-    def _record(self, batch: Batch, corrupt: list[int]) -> None:
-        """Count each request's read on the store (through its lease)."""
-        offset = 0
-        for ld in batch.loads:
-            n = len(ld.keys)
-            mine = [c - offset for c in corrupt if offset <= c < offset + n]
-            hits = min([n] + mine)
-            ld.lease.record(ld.lease.plan(), hits, len(mine))
-            mem = ld.lease.memory_hits(hits)
-            self.counters["pages_from_memory"] += mem
-            self.counters["pages_from_ssd"] += hits - mem
-            offset += n
-        self.counters["batches"] += 1
-        self.counters["requests"] += len(batch.loads)
+            def pace(blocks: int) -> None:
+                time.sleep(self.delay * blocks * piece / (1 << 20))
+        res = self.slots.restore(self.store, [ld.lease for ld in batch.loads], slots,
+                                 self.verify, on_layer=on_layer, pace=pace,
+                                 sizes=[len(ld.keys) for ld in batch.loads])
+        if res.error is not None:
+            raise IOEngineError(res.error)
+        if res.ssd_bytes and self.restore_rate is not None:
+            self.restore_rate.observe(res.ssd_bytes, res.ssd_s)
+        for hits, mem in res.leases:
+            self.counters.add("pages_from_memory", mem)
+            self.counters.add("pages_from_ssd", hits - mem)
+        self.counters.add("batches", 1)
+        self.counters.add("requests", len(batch.loads))
+        return done[0], list(res.corrupt)

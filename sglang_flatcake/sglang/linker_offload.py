@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import FlatCakeError
 from ..store_checks import label_for
 from . import linker_signals as sig
+from .counters import Counters
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -44,7 +44,8 @@ class Offloader:
         self.jobs: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
         self.session_last: dict[str, str] = {}     # session_id -> last key written for it
-        self.counters: Counter = Counter()
+        self.counters = Counters("pages_already_stored", "pages_written", "pages_failed",
+                                 "offloads_failed")      # added by the worker, read by stats
         self.thread = threading.Thread(target=self._run, name="flatcake-offload", daemon=True)
         self.thread.start()
 
@@ -99,7 +100,7 @@ class Offloader:
             where = self.store.locate(keys)
             first = next((i for i, a in enumerate(where) if a is None), len(keys))
             if first == len(keys):                       # all stored: write once
-                self.counters["pages_already_stored"] += len(keys)
+                self.counters.add("pages_already_stored", len(keys))
                 return True
             page = self.pool.page
             blocks = self.pool.gather(job.slots[first * page:])
@@ -111,12 +112,12 @@ class Offloader:
                                    keys[first - 1] if first else job.parent_key)
             res = self.store.put(keys[first:], blocks, prefix_keys=prefix, signals=sigs,
                                  label=label_for(job.session_id) if job.session_id else "")
-            self.counters["pages_already_stored"] += first + res.existing
-            self.counters["pages_written"] += res.stored
-            self.counters["pages_failed"] += res.failed
+            self.counters.add("pages_already_stored", first + res.existing)
+            self.counters.add("pages_written", res.stored)
+            self.counters.add("pages_failed", res.failed)
             return res.failed == 0
         except (FlatCakeError, OSError, RuntimeError, ValueError) as e:
             # the node stays unstored in the tree; the server keeps serving from compute
             log.error("flatcake linker: offload of %d pages failed: %s", len(job.keys), e)
-            self.counters["offloads_failed"] += 1
+            self.counters.add("offloads_failed", 1)
             return False

@@ -1,11 +1,13 @@
-"""The ``sglang.srt.plugins`` entry point: registers the hooks ``hooks.HOOKS`` lists.
+"""The ``sglang.srt.plugins`` entry point: registers, per mode, the hooks ``hook_table`` lists.
 
 Registered in ``pyproject.toml`` as ``flatcake = "sglang_flatcake.sglang.plugin:register"``;
-SGLang's ``load_plugins()`` runs it in the launcher and in every scheduler process.  Before a
-single hook is registered, ``hooks.check_or_exit`` compares every target and every SGLang
-member the adapter reads with the installed SGLang and stops the launch on a mismatch.
-The table of hooks, with why each exists, is ``docs/sglang-hooks.md`` (generated from
-``hooks.HOOKS``).  This module holds the hooks on the command line (``ServerArgs``), the
+SGLang's ``load_plugins()`` runs it in the launcher and in every scheduler process.  It
+starts only the ``cli`` mode (the flags that select flatcake); the launcher's parsed flags
+(``ServerArgs.from_cli_args``) pick the other modes (``modes_of``), which start there and,
+through ``MODES_ENV``, in every process the launcher starts.  Before a mode's hooks are
+registered, ``hooks.start`` compares exactly its targets and the SGLang members it reads with
+the installed SGLang and stops on a mismatch.  The table of hooks, with why each exists, is
+``docs/sglang-hooks.md`` (generated from ``hook_table``).  This module holds the hooks on the command line (``ServerArgs``), the
 backend factory and the controller's attach; ``signals.py``, ``scheduling.py`` and ``cpu.py``
 hold the others.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 from ..config import FlatCakeConfig
@@ -86,8 +89,10 @@ def flatcake_settings(args) -> dict:
     return out
 
 
-def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict) -> str | None:
-    """Validate flatcake settings and return the extra-config JSON SGLang should see."""
+def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict,
+                        model: tuple[str | None, str | None] = (None, None)) -> str | None:
+    """Validate flatcake settings and return the extra-config JSON SGLang should see, with
+    ``model`` (path, revision: what the store caches KV for) under ``backend.MODEL_KEYS``."""
     if backend != BACKEND:
         if flags:
             raise ConfigError(f"{', '.join(_flag(k) for k in flags)} given, but "
@@ -104,23 +109,49 @@ def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict
                          prefetch_timeout_per_ki_token=parsed[3])
         else:
             extra = json.loads(extra_json)
-    from .backend import check_writable, config_from_extra, store_root
+    from .backend import config_from_extra
+    from .rank_store import check_writable, store_root
     merged = {**extra, **flags}
     cfg, rest = config_from_extra(merged)       # raises ConfigError naming the flag
     check_writable(store_root(cfg, rest))       # stop the launch now, not in the cache factory
     merged["hicache_storage_pass_prefix_keys"] = True
+    from .backend import MODEL_KEYS
+    merged.update({k: v for k, v in zip(MODEL_KEYS, model) if v})
     return json.dumps(merged)
 
 
+def modes_of(args) -> tuple[str, ...]:
+    """The flatcake modes parsed server ``args`` run (``hook_table.MODES``): ``hicache`` for
+    ``--hicache-storage-backend flatcake``, ``linker`` for ``FlatCakeLinker``, ``cpu`` for
+    HiCache without an accelerator; ``cli`` always.  ``AcceleratorProbeError`` when the
+    probe for the last cannot answer."""
+    from .cpu import accelerator_present
+    from .linker_config import runs_flatcake_linker
+    modes = ["cli"]
+    if args.hicache_storage_backend == BACKEND:
+        modes.append("hicache")
+    if runs_flatcake_linker(args):
+        modes.append("linker")
+    if args.enable_hierarchical_cache and not accelerator_present():
+        modes.append("cpu")
+    return tuple(modes)
+
+
 def _from_cli_args_around(original, cls, args, *a, **kw):
+    from .cpu import AcceleratorProbeError
     try:
         from .linker_config import take_linker_flags      # linker mode: the flags are its own
+        modes = modes_of(args)
         args.hicache_storage_backend_extra_config = merged_extra_config(
             args.hicache_storage_backend, args.hicache_storage_backend_extra_config,
-            take_linker_flags(args, flatcake_settings(args)))
+            take_linker_flags(args, flatcake_settings(args)), (args.model_path, args.revision))
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except AcceleratorProbeError as e:
+        print(f"flatcake: refusing to start: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    start(modes)                      # here, and (through MODES_ENV) in every child process
     return original(cls, args, *a, **kw)
 
 
@@ -138,21 +169,35 @@ def _attach_after(result, controller, *a, **kw):
     return result
 
 
-def register() -> None:
-    """Entry point: check the installed SGLang against ``hooks`` (a mismatch stops the
-    process with one line), register the backend, then every hook of ``hooks.HOOKS``."""
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+MODES_ENV = "SGLANG_FLATCAKE_MODES"    # set by the launcher, read by the processes it starts
+_started: set[str] = set()            # hook targets registered in this process
+
+
+def start(modes: tuple[str, ...]) -> None:
+    """Start ``modes`` in this process: check exactly their hooks and SGLang members (a
+    mismatch stops it with one line), register their hooks and apply them; the backend name
+    is registered with SGLang's factory only in HiCache mode.  Records ``modes`` in
+    ``MODES_ENV`` for the processes started from this one."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from . import hooks
-    from .cpu import AcceleratorProbeError, accelerator_present
+    hooks.start(tuple(modes), HookRegistry, HookType, _started)
+    if "hicache" in modes:
+        from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+        StorageBackendFactory.register_backend(BACKEND, "sglang_flatcake.sglang.backend",
+                                               "FlatCakeStorage")
+    os.environ[MODES_ENV] = ",".join(modes)
+    HookRegistry.apply_hooks()         # idempotent: targets patched already are skipped
 
-    hooks.check_or_exit()
-    try:
-        accelerator = accelerator_present()
-    except AcceleratorProbeError as e:
-        print(f"flatcake: refusing to start: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    StorageBackendFactory.register_backend(BACKEND, "sglang_flatcake.sglang.backend",
-                                           "FlatCakeStorage")
-    hooks.register_all(HookRegistry, HookType, accelerator)
+
+def modes_from_env() -> tuple[str, ...]:
+    """``cli`` and the modes the launcher recorded in ``MODES_ENV`` (none in a launcher)."""
+    extra = [m for m in os.environ.get(MODES_ENV, "").split(",") if m and m != "cli"]
+    return ("cli", *extra)
+
+
+def register() -> None:
+    """Entry point (``load_plugins``, in the launcher and in every process it starts): start
+    the ``cli`` hooks that make flatcake selectable and the modes the launcher chose; a server
+    that selects no flatcake mode gets nothing else checked or hooked."""
+    start(modes_from_env())

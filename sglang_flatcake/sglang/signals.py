@@ -35,6 +35,7 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from .counters import Counters
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -47,28 +48,6 @@ class Seen:
     context_tokens: int = -1         # tokens before the node; -1: unknown
     session_id: str | None = None    # SGLang's session id of the insert, when sent
     tenant: str | None = None        # the node's cache_salt ("" for none); None: unknown
-
-
-class Counters:
-    """Named integer counters that several threads increment; each change under one lock."""
-
-    def __init__(self, *names: str) -> None:
-        self._lock = threading.Lock()
-        self._values = {n: 0 for n in names}
-
-    def add(self, name: str, n: int = 1) -> int:
-        """Add ``n`` to ``name`` (a name given at construction); returns the new value."""
-        with self._lock:
-            self._values[name] += n
-            return self._values[name]
-
-    def __getitem__(self, name: str) -> int:
-        with self._lock:
-            return self._values[name]
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._values)
 
 
 class _PerThread(threading.local):

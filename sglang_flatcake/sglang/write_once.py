@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from .signals import Counters
+from .counters import Counters
 
 log = logging.getLogger("sglang_flatcake")
 

@@ -197,7 +197,7 @@ def test_direct_flow_with_a_remote_tail_restores_and_counts_it(nodes, monkeypatc
     (the stand-in scheduler's torch pool; ``emulated-device`` takes the GPU branch)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("sglang")
-    from sglang_flatcake.sglang import standin
+    from tests.support import standin
     from sglang_flatcake.read import device as dv
     from sglang_flatcake.sglang import direct as dr
     monkeypatch.setenv(dv.EMULATE_ENV, emulate)

@@ -23,7 +23,7 @@ from sglang_flatcake.layout import KVLayout
 from sglang_flatcake.read.planner import plan_reads
 from sglang_flatcake.read.to_slots import restore_through_window
 from sglang_flatcake.read.window import LayerWindow
-from sglang_flatcake.sglang import standin
+from tests.support import standin
 from tests.support.engines import EngineContract
 from tests.support.window import A, MemEngine, kv_dests, session_file, store_with_session
 

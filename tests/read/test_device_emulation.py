@@ -20,7 +20,7 @@ from sglang_flatcake.config import FlatCakeConfig
 from sglang_flatcake.layout import KVLayout
 from sglang_flatcake.placement import WriteSignals
 from sglang_flatcake.read import device as dv
-from sglang_flatcake.read import to_slots
+from sglang_flatcake.read import slot_copy, to_slots
 from sglang_flatcake.read.window import LayerWindow
 from sglang_flatcake.store import FlatCakeStore
 from sglang_flatcake.tiers import memory
@@ -208,7 +208,7 @@ def direct_restorer(st, index, monkeypatch, emulate=True):
     t = threading.Thread(target=scheduler_thread)
     t.start()
     t.join()
-    out["r"].pool.submit(lambda: None).result()       # the worker has warmed up (numba)
+    out["r"].slots.submit(lambda: None).result()      # the worker has warmed up (numba)
     return out["r"], torch
 
 
@@ -233,7 +233,7 @@ def test_the_direct_restore_worker_makes_the_pools_device_current(tmp_path, monk
     st, keys, data = make_store(tmp_path)
     r, torch = direct_restorer(st, 1, monkeypatch)
     try:
-        assert r.device is dv.EMULATED_DEVICES[1] and r.window.stream.index == 1
+        assert r.device is dv.EMULATED_DEVICES[1] and r.slots.window.stream.index == 1
         flow = flow_for(keys, torch)
 
         def submit():                       # on the scheduler thread (device 1 current)
@@ -304,7 +304,7 @@ def test_a_verified_device_restore_in_delay_mode_reports_no_good_piece_corrupt(t
 def test_memory_tier_uploads_hold_two_staging_chunks_and_land_in_delay_mode(tmp_path,
                                                                             monkeypatch, delayed):
     st, keys, data = make_store(tmp_path, memory_only=True)
-    monkeypatch.setattr(to_slots, "MEMORY_CHUNK_BYTES", 3 * LAY.block_bytes)   # 8 chunks
+    monkeypatch.setattr(slot_copy, "MEMORY_CHUNK_BYTES", 3 * LAY.block_bytes)  # 8 chunks
     dev = dv.EMULATED
     try:
         k, v = pool()

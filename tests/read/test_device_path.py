@@ -17,7 +17,7 @@ from sglang_flatcake.layout import KVLayout
 from sglang_flatcake.read import device as dv
 from sglang_flatcake.read.to_slots import restore_through_window
 from sglang_flatcake.read.window import LayerWindow
-from sglang_flatcake.sglang import standin
+from tests.support import standin
 from tests.support.window import kv_dests, store_with_session
 
 
@@ -170,7 +170,7 @@ def test_direct_restorer_flow_on_the_emulated_device(tmp_path, monkeypatch):
                                                   torch.bfloat16, 16, "cpu", prefix_tokens=16)
     r = DirectRestorer(sched, standin.backend(st))
     try:
-        assert r.device is dv.EMULATED and r.window.dev is dv.EMULATED
+        assert r.device is dv.EMULATED and r.slots.window.dev is dv.EMULATED
         assert isinstance(r.dest_k[0], dv.EmuArray)
         tokens = list(range(16 + 24 * 16))
         flow = Flow("req", "handle", tokens, keys, 16, 20 * MHA.block_bytes,

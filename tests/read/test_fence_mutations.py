@@ -29,19 +29,19 @@ MUTATIONS = {
         "sglang_flatcake/read/window_run.py", "ev.synchronize()                                   # fence: buffer reuse",
         "pass", T + "test_a_restore_into_a_pool_on_device_1_runs_from_a_fresh_thread"),
     "final sync of a device restore (memory-only)": (
-        "sglang_flatcake/read/to_slots.py",
+        "sglang_flatcake/read/slot_restore.py",
         "dev.record(stream).synchronize()      # fence: every upload and scatter ended", "pass",
         T + "test_memory_tier_uploads_hold_two_staging_chunks_and_land_in_delay_mode"),
     "a staging buffer is refilled only after its upload and scatters ended": (
-        "sglang_flatcake/read/to_slots.py", "free[j].synchronize()          # fence: staging reuse",
+        "sglang_flatcake/read/slot_copy.py", "free[j].synchronize()          # fence: staging reuse",
         "pass", T + "test_memory_tier_uploads_hold_two_staging_chunks_and_land_in_delay_mode"),
     "the restore worker makes the pool's device current": (
-        "sglang_flatcake/sglang/direct.py",
+        "sglang_flatcake/read/slot_restore.py",
         "self.device.activate()                      # fence: the worker's device", "pass",
         T + "test_the_direct_restore_worker_makes_the_pools_device_current"),
     "the restore waits for SGLang's forward stream": (
         "sglang_flatcake/sglang/direct.py",
-        "self.window.after(fence)            # fence: SGLang's forward stream", "pass",
+        "self.slots.after(fence)             # fence: SGLang's forward stream", "pass",
         T + "test_the_restore_waits_for_the_forward_stream_still_writing_its_slots"),
 }
 

@@ -30,7 +30,7 @@ from tests.support import chain, extend  # noqa: E402
 PAGE, LAYERS, HEADS, DIM, SLOTS = 4, 3, 2, 8, 512
 
 
-ARGS = SimpleNamespace(model_path="tiny", served_model_name=None,
+ARGS = SimpleNamespace(model_path="tiny", served_model_name=None, revision=None,
                        enable_metrics=False)   # the ServerArgs fields read
 
 
@@ -257,3 +257,18 @@ def test_lookup_cuts_before_the_ssd_when_recomputing_is_faster(server):
     assert decider.counts["recomputed_requests"] == 1
     decider.restore, decider.prefill = Rate(1e12), Rate(1.0)   # the other way round
     assert server.lookup(keys) == 4
+
+
+def test_the_workers_counters_are_read_under_their_owners_lock(server):
+    """The loader and offloader threads add to their counters while ``stats`` (scheduler
+    thread) reads them: both are ``Counters`` (each add and each snapshot under its lock),
+    and ``stats`` gets a snapshot, every name there from the start."""
+    from sglang_flatcake.sglang.counters import Counters
+    lk = server.linker
+    assert isinstance(lk.loader.counters, Counters)
+    assert isinstance(lk.offloader.counters, Counters)
+    st = lk.stats()
+    assert st["offload"] == {"pages_already_stored": 0, "pages_written": 0, "pages_failed": 0,
+                             "offloads_failed": 0}
+    st["load"]["batches"] += 5                          # a copy
+    assert lk.stats()["load"]["batches"] == 0

@@ -60,7 +60,7 @@ def make_linker(store_dir, **extra) -> FlatCakeLinker:
             req_to_token=torch.zeros((4, 256), dtype=torch.int32)))
     cfg = {"store_dir": str(store_dir), "durable": False, "io_engine": "posix",
            "memory_bytes": "1MiB", "ssd_bytes": "64MiB", "extent_bytes": "64KiB", **extra}
-    linker = FlatCakeLinker(SimpleNamespace(model_path="tiny", served_model_name=None,
+    linker = FlatCakeLinker(SimpleNamespace(model_path="tiny", served_model_name=None, revision=None,
                                            enable_metrics=False), params,
                             components={ComponentType.FULL}, extra_config=cfg)
     return linker, params.req_to_token_pool.req_to_token

@@ -31,7 +31,8 @@ from sglang_flatcake.sglang.linker import FlatCakeLinker  # noqa: E402
 from tests.support import chain  # noqa: E402
 
 PAGE, LAYERS, LORA, ROPE, SLOTS = 4, 3, 32, 16, 256
-ARGS = SimpleNamespace(model_path="tiny-mla", served_model_name=None, enable_metrics=False)
+ARGS = SimpleNamespace(model_path="tiny-mla", served_model_name=None, revision=None,
+                       enable_metrics=False)
 
 
 def mla_pool() -> MLATokenToKVPool:
@@ -117,7 +118,7 @@ for name, pool in (("mha", mha), ("mla", mla)):
                              token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: pool),
                              req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros((2, 64))))
     try:
-        lk = FlatCakeLinker(SimpleNamespace(model_path="m", served_model_name=None,
+        lk = FlatCakeLinker(SimpleNamespace(model_path="m", served_model_name=None, revision=None,
                                             enable_metrics=False), params,
                             components={ComponentType.FULL},
                             extra_config={"store_dir": store, "durable": False,

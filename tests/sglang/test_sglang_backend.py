@@ -12,7 +12,8 @@ hs = pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
 
 from tests.support import chain  # noqa: E402
 from sglang_flatcake.errors import ConfigError  # noqa: E402
-from sglang_flatcake.sglang.backend import FlatCakeStorage, rank_dir  # noqa: E402
+from sglang_flatcake.sglang.backend import FlatCakeStorage  # noqa: E402
+from sglang_flatcake.sglang.rank_store import rank_dir  # noqa: E402
 from sglang_flatcake.sglang.plugin import merged_extra_config  # noqa: E402
 
 L, H, D, PS, PAGES = 2, 2, 8, 4, 32
@@ -121,6 +122,20 @@ def test_merged_extra_config(tmp_path):
     assert merged_extra_config("file", '{"a": 1}', {}) == '{"a": 1}'
 
 
+def test_the_launcher_hands_the_model_to_each_ranks_store(tmp_path, caplog):
+    """HiCache mode: the launcher adds the model path and revision to the extra config; the
+    backend takes them as what its store caches KV for, not as unknown keys."""
+    from sglang_flatcake.sglang.backend import config_from_extra
+    out = json.loads(merged_extra_config("flatcake", None, {"store_dir": str(tmp_path)},
+                                         ("/models/m", "r1")))
+    assert (out["model_path"], out["model_revision"]) == ("/models/m", "r1")
+    with caplog.at_level("WARNING", logger="sglang_flatcake"):
+        _, rest = config_from_extra(out)
+    assert rest["model_path"] == "/models/m" and "model_path" not in caplog.text
+    b = FlatCakeStorage(storage_config(tmp_path, model_path="/models/m", model_revision="r1"))
+    assert b.model == ("/models/m", "r1")
+
+
 def test_unwritable_store_dir_stops_the_launch_naming_the_path(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -134,7 +149,7 @@ def test_unwritable_store_dir_stops_the_launch_naming_the_path(tmp_path):
 
 def test_each_rank_gets_its_own_ssd_region(tmp_path):
     from sglang_flatcake.errors import ConfigError
-    from sglang_flatcake.sglang.backend import rank_ssd_path
+    from sglang_flatcake.sglang.rank_store import rank_ssd_path
     two = [storage_config(tmp_path, tp_rank=r, tp_size=2) for r in range(2)]
     assert [rank_ssd_path(str(tmp_path / "r{rank}.img"), c) for c in two] == \
         [str(tmp_path / "r0.img"), str(tmp_path / "r1.img")]

@@ -43,20 +43,25 @@ def test_a_failing_cuda_probe_raises_instead_of_installing_the_cpu_hooks(monkeyp
         cpu.accelerator_present()
 
 
-def test_register_stops_with_one_line_when_the_probe_fails(monkeypatch, capsys):
+def test_a_cpu_hicache_launch_stops_with_one_line_when_the_probe_fails(monkeypatch, capsys):
+    """The probe decides the ``cpu`` mode in the launcher (``plugin.modes_of``; it ran in
+    ``register`` before the hooks were started per mode): a failed probe stops the launch
+    with one line, nothing registered, SGLang's parsing not run."""
     pytest.importorskip("sglang.srt.plugins.hook_registry")
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_flatcake.sglang import hooks, plugin
-    registered = []
-    monkeypatch.setattr(hooks, "check_or_exit", lambda: None)
+    from sglang_flatcake.sglang import plugin
+    registered, parsed = [], []
     monkeypatch.setattr(HookRegistry, "register", classmethod(
         lambda cls, *a, **kw: registered.append(a)))
     monkeypatch.setattr(torch.cuda, "is_available",
                         lambda: (_ for _ in ()).throw(RuntimeError("no driver answer")))
+    args = SimpleNamespace(hicache_storage_backend="file", enable_hierarchical_cache=True,
+                           hicache_storage_backend_extra_config=None,
+                           enable_unified_cache_external_linker=False)
     with pytest.raises(SystemExit) as e:
-        plugin.register()
-    assert e.value.code == 2 and registered == []           # nothing half-registered
+        plugin._from_cli_args_around(lambda *a: parsed.append(a), object, args)
+    assert e.value.code == 2 and registered == [] and parsed == []  # nothing half-registered
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no driver answer" in err[0]
 

@@ -50,13 +50,73 @@ class Kinds:
     BEFORE, AFTER, AROUND = "before", "after", "around"
 
 
-def test_register_all_registers_exactly_the_table():
-    cpu, gpu = Recorder(), Recorder()
-    hooks.register_all(cpu, Kinds, accelerator=False)
-    hooks.register_all(gpu, Kinds, accelerator=True)
-    assert [(t, k) for t, _, k in cpu.calls] == [(h.target, h.kind) for h in hooks.HOOKS]
-    assert [t for t, _, _ in gpu.calls] == [h.target for h in hooks.HOOKS if not h.cpu_only]
-    assert all(fn is hooks.handler(h) for (_, fn, _), h in zip(cpu.calls, hooks.HOOKS))
+SA = "sglang.srt.server_args.ServerArgs"
+
+
+def test_no_row_of_the_table_shadows_another():
+    """The table is rows, not dict keys: a second row for an owner adds to the first (the old
+    dict named ``ServerArgs`` twice and lost the linker's five fields)."""
+    assert hooks.repeated() == []
+    assert len({h.target for h in hooks.HOOKS}) == len(hooks.HOOKS)
+    twice = hooks.READS + (hooks.READS[0],)
+    assert hooks.repeated(twice) == [f"{hooks.READS[0].mode}: {hooks.READS[0].owner} has two "
+                                     "rows"] + [f"{hooks.READS[0].mode}: {hooks.READS[0].owner}."
+                                                f"{n} is listed twice"
+                                                for n in hooks.READS[0].names]
+    two_rows = (hooks.Reads("a.B", ("x",), "cli"), hooks.Reads("a.B", ("y", "x"), "cli"))
+    assert hooks.members_of(reads=two_rows) == {"a.B": ("x", "y")}
+
+
+def test_every_server_args_field_the_adapter_reads_is_checked():
+    checked = set(hooks.MEMBERS[SA])
+    assert {"served_model_name", "model_path", "enable_unified_cache_external_linker",
+            "unified_cache_external_linker_config", "unified_cache_external_linker_backend",
+            "hicache_storage_backend", "hicache_storage_backend_extra_config", "device",
+            "hicache_io_backend", "hicache_mem_layout", "enable_metrics"} <= checked
+    assert "served_model_name" in hooks.members_of(("linker",))[SA]
+    assert SA not in hooks.members_of(("hicache",))
+
+
+def test_a_bad_mode_is_refused_with_its_name():
+    with pytest.raises(ValueError, match="'hicahce'"):
+        hooks.Hook("a.B.c", "after", "plugin:x", (), "why", "hicahce")
+    with pytest.raises(ValueError, match="flatcake mode 'lnker' is unknown"):
+        hooks.start(("cli", "lnker"), Recorder(), Kinds, set())
+
+
+def test_each_mode_registers_exactly_its_rows_once():
+    pytest.importorskip("sglang.srt.managers.scheduler")
+    rec, done = Recorder(), set()
+    hooks.start(("cli", "linker"), rec, Kinds, done)
+    assert [(t, k) for t, _, k in rec.calls] == \
+        [(h.target, h.kind) for h in hooks.HOOKS if h.mode in ("cli", "linker")]
+    assert all(fn is hooks.handler(h) for (_, fn, _), h in
+               zip(rec.calls, hooks.hooks_of(("cli", "linker"))))
+    rec.calls.clear()
+    hooks.start(("cli", "hicache", "cpu"), rec, Kinds, done)     # cli's are registered already
+    assert [t for t, _, _ in rec.calls] == [h.target for h in hooks.HOOKS
+                                            if h.mode in ("hicache", "cpu")]
+    assert done == {h.target for h in hooks.HOOKS}
+
+
+def test_a_mismatch_stops_only_the_mode_that_uses_it(monkeypatch, capsys):
+    """A changed private method only HiCache mode hooks does not stop a linker server."""
+    pytest.importorskip("sglang.srt.managers.scheduler")
+    import dataclasses
+
+    from sglang_flatcake.sglang import hook_table
+    i = next(i for i, h in enumerate(hooks.HOOKS) if h.target.endswith("._prefetch_kvcache"))
+    changed = dataclasses.replace(hooks.HOOKS[i], params=("self", "req"))
+    monkeypatch.setattr(hook_table, "HOOKS", hooks.HOOKS[:i] + (changed,) + hooks.HOOKS[i + 1:])
+    rec = Recorder()
+    hooks.start(("cli", "linker"), rec, Kinds, set())
+    assert len(rec.calls) == len(hooks.hooks_of(("cli", "linker"))) > 0
+    rec.calls.clear()
+    with pytest.raises(SystemExit) as e:
+        hooks.start(("cli", "hicache"), rec, Kinds, set())
+    assert e.value.code == 2 and rec.calls == []
+    err = capsys.readouterr().err
+    assert "(cli+hicache)" in err and "Scheduler._prefetch_kvcache takes" in err
 
 
 # -- what the code reaches is what the table names (AST scans of sglang/*.py) -----------
@@ -127,6 +187,8 @@ def test_a_changed_signature_or_member_stops_with_one_line(capsys):
 
 
 MISMATCHED_LAUNCH = r"""
+import os, sys
+os.environ["SGLANG_FLATCAKE_MODES"] = sys.argv[1]      # what the launcher hands its children
 import sglang.srt.managers.scheduler as s
 def _prefetch_kvcache(self, req, storage_hit_end, new_arg=None):
     pass
@@ -141,17 +203,25 @@ print("STARTED HALF-HOOKED:", sorted(HookRegistry._patched))
 @pytest.mark.slow
 def test_a_mismatched_sglang_stops_the_launch_through_sglangs_own_loader():
     """SGLang's ``load_plugins`` only logs a hook it cannot apply; flatcake's entry point
-    stops the process before registering anything, with one line."""
+    stops a HiCache-mode process before registering anything, with one line; a linker-mode
+    process and one that runs no flatcake mode do not use the changed method and start."""
     pytest.importorskip("sglang.srt.plugins")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SGLANG_PLUGINS": "flatcake"}
-    r = subprocess.run([sys.executable, "-c", MISMATCHED_LAUNCH], capture_output=True,
-                       text=True, timeout=900, env=env)
+
+    def launch(modes):
+        return subprocess.run([sys.executable, "-c", MISMATCHED_LAUNCH, modes],
+                              capture_output=True, text=True, timeout=900, env=env)
+    r = launch("cli,hicache")
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "STARTED" not in r.stdout
     line = [ln for ln in r.stderr.splitlines() if ln.startswith("flatcake:")]
     assert len(line) == 1, r.stderr[-3000:]
     assert "Scheduler._prefetch_kvcache takes (self, req, storage_hit_end, new_arg)" in line[0]
     assert f"sglang {hooks.sglang_version()}" in line[0]
+    for modes, hooked in (("cli,linker", "PrefillAdder.add_one_req"), ("", "from_cli_args")):
+        r = launch(modes)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert hooked in r.stdout and "_prefetch_kvcache" not in r.stdout, r.stdout
 
 
 # -- a mistyped flag --------------------------------------------------------------------

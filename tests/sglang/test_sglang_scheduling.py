@@ -503,3 +503,18 @@ def test_single_queue_decides_when_the_head_would_restore(make):
     assert "b" not in st.flows and st.restorer.started == ["a"] and st.gate("b")
     s = st.stats()
     assert s["recomputed_requests"] == 1 and s["reconsidered_requests"] == 0
+
+
+def test_declines_state_protocol_is_what_the_scheduling_state_has():
+    """``decline`` is typed by a protocol (``scheduling`` imports it): each name it declares
+    is a method of ``FlatCakeScheduling`` or set in its ``__init__``."""
+    import inspect
+    import re
+
+    from sglang_flatcake.sglang import decline, scheduling
+    cls = scheduling.FlatCakeScheduling
+    init = inspect.getsource(cls.__init__)
+    wanted = set(decline.SchedulingState.__annotations__) | {"agree", "drop"}
+    missing = {n for n in wanted if not callable(getattr(cls, n, None))
+               and not re.search(rf"\bself\.{n}\s*(:[^=\n]+)?=", init)}
+    assert missing == set()

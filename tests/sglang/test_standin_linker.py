@@ -24,7 +24,7 @@ class Block:
             raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Block())
 sys.path.insert(0, sys.argv[2])
-from sglang_flatcake.sglang.standin_linker import load_linker_contract
+from tests.support.standin_linker import load_linker_contract
 installed = load_linker_contract(sys.argv[1])
 from sglang.srt.mem_cache.unified_cache import unified_cache_linker as u
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
@@ -70,7 +70,7 @@ def test_the_linker_flow_runs_on_the_contract_from_source(tmp_path):
 
 
 def test_a_file_of_another_sglang_is_refused_by_name(tmp_path):
-    from sglang_flatcake.sglang.standin_linker import FILES, _exec_classes
+    from tests.support.standin_linker import FILES, _exec_classes
     name, (rel, wanted) = next(iter(FILES.items()))
     bad = tmp_path / "hicache_storage.py"
     bad.write_text("class PoolName:\n    pass\n")
@@ -79,6 +79,6 @@ def test_a_file_of_another_sglang_is_refused_by_name(tmp_path):
 
 
 def test_nothing_is_installed_where_sglang_imports(tmp_path):
-    from sglang_flatcake.sglang.standin_linker import load_linker_contract
+    from tests.support.standin_linker import load_linker_contract
     assert load_linker_contract(tmp_path) is False     # the real SGLang stays
     assert real.LayerWiseLoadCounter.__module__ == real.__name__

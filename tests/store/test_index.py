@@ -30,9 +30,36 @@ NON_HEX = ["", "abc", "x" * 64, "g" + "0" * 63, "0" * 63, "0" * 65, "日本語�
 # ------------------------------------------------------------------ digests
 
 
-def test_key_digest_hex_is_first_16_bytes():
+# The key scheme is on-disk format (segment headers, the index): these pin it.  A change
+# here needs a new FORMAT_VERSION (old stores are then refused or started fresh).
+GOLDEN = [
+    ("0" * 64, "00000000000000000000000000000000"),
+    ("0" * 63 + "1", "0000000000000000000000000000004f"),
+    ("1" + "0" * 63, "10000000000000000000000000000000"),
+    ("4f8f1ce47105ac51fec5e01d5ba10fc03f2730ac2677396a36c0f1b21850cd0b",    # sha256(b"flatcake")
+     "643337e80f4b45ff5427239767486b7a"),
+    ("ab" * 32, "ac42021b334c5e0f6e59806c0ba8f5c0"),
+    ("page:42", "7b502f595f3522035b0008ff8922b132"),                       # blake2b
+]
+
+
+def test_key_digests_match_the_golden_vectors_one_by_one_and_in_a_batch():
+    for k, want in GOLDEN:
+        assert key_digest(k).hex() == want, k
+    hexes = [k for k, _ in GOLDEN[:5]]
+    assert key_digests(hexes).tobytes().hex() == "".join(w for _, w in GOLDEN[:5])
+
+
+def test_a_hex_key_digest_folds_in_all_32_bytes():
+    """The first 16 bytes alone were the fingerprint once: keys differing past them aliased."""
     k = hex_key()
-    assert key_digest(k) == bytes.fromhex(k)[:16]
+    raw = bytearray(bytes.fromhex(k))
+    for i in (16, 24, 31):                       # a byte of each later half-word changed
+        other = bytearray(raw)
+        other[i] ^= 0x80
+        assert key_digest(other.hex()) != key_digest(k), i
+    swapped = (raw[16:] + raw[:16]).hex()
+    assert key_digest(swapped) != key_digest(k)
 
 
 def test_key_digest_non_hex_is_blake2b():

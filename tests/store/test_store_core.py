@@ -17,7 +17,8 @@ from sglang_flatcake.store import FlatCakeStore
 PKG = Path(sglang_flatcake.__file__).resolve().parent
 PATHS = ["store_core.py", "store_write.py", "store_open.py", "store_stats.py", "reclaimer.py",
          "session_table.py", "read/get.py", "read/read_lease.py", "read/resolve.py",
-         "read/promote.py", "read/to_slots.py", "tiers/region_recovery.py"]
+         "read/promote.py", "read/to_slots.py", "read/slot_restore.py", "read/slot_copy.py",
+         "tiers/region_recovery.py"]
 
 
 def _imports(path: Path) -> set[str]:
@@ -76,3 +77,35 @@ def test_counters_are_counted_by_the_core_and_read_as_a_copy(tmp_path, layout, c
         assert c["ssd_blocks_written"] == 2 and c["ssd_blocks_read"] == 2
         c["ssd_blocks_read"] += 100                           # a copy: the store's is unchanged
         assert st.stats()["ssd_blocks_read"] == 2 and st.counters["ssd_blocks_read"] == 2
+
+
+def test_a_sessions_durable_flag_is_set_under_the_lock(tmp_path, layout, config, monkeypatch):
+    """The writer marks a session durable (its manifest written) under the metadata lock, as
+    every other session field changes (it was set outside it)."""
+    from contextlib import contextmanager
+
+    from sglang_flatcake.sessions import Session
+    from sglang_flatcake.store_core import StoreCore
+    inside, seen = [0], []
+    real = StoreCore.locked
+
+    @contextmanager
+    def counted(self):
+        with real(self) as table:
+            inside[0] += 1
+            try:
+                yield table
+            finally:
+                inside[0] -= 1
+
+    def watched(self, name, value):
+        if name == "durable" and value:
+            seen.append(inside[0] > 0)
+        object.__setattr__(self, name, value)
+    monkeypatch.setattr(StoreCore, "locked", counted)
+    monkeypatch.setattr(Session, "__setattr__", watched)
+    k = chain(2)
+    with FlatCakeStore(tmp_path / "s", layout, config) as st:
+        r = st.put(k, blocks_for(layout, k), signals=WriteSignals(turn=0))
+        assert st.sessions[r.session].durable
+    assert seen == [True]

@@ -18,7 +18,7 @@ import ast
 import types
 from pathlib import Path
 
-from .standin import module
+from tests.support.standin import module
 
 FILES = {
     "sglang.srt.mem_cache.hicache_storage":
