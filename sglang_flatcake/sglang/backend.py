@@ -18,6 +18,7 @@ from typing import Any, List, Optional
 
 
 from ..config import FlatCakeConfig
+from ..config_check import redact_url
 from ..errors import ConfigError
 from ..placement import WriteSignals
 from ..store import FlatCakeStore
@@ -98,7 +99,7 @@ class FlatCakeStorage(HiCacheStorage):
         self.scheduling = None
         self.cluster = None                        # a ``cluster.node.ClusterNode`` when joined
         if self.config.cluster_directory and storage_config.tp_size * storage_config.pp_size > 1:
-            raise ConfigError(f"--flatcake-cluster-directory={self.config.cluster_directory!r}: "
+            raise ConfigError(f"--flatcake-cluster-directory={redact_url(self.config.cluster_directory)!r}: "
                               f"a cluster node runs with one rank for now (--tp-size 1, "
                               f"--pp-size 1)")
         if mem_pool_host is not None:

@@ -186,3 +186,12 @@ def test_write_once_skips_only_nodes_whose_pages_are_all_stored(tmp_path):
     assert be.get_stats().flatcake["write_once"] == {"storage_backups_skipped": 2,
                                                      "tokens_not_rewritten": 5 * PS}
     be.close()
+
+
+def test_cluster_with_tp_is_refused_without_the_redis_password(tmp_path):
+    """The refusal names the directory URL with its password masked (issue 32: a password
+    in an error text lands in logs)."""
+    url = "redis://flatcake:hunter2-secret@127.0.0.1:6379"
+    with pytest.raises(ConfigError, match="one rank") as e:
+        FlatCakeStorage(storage_config(tmp_path, 0, 2, cluster_directory=url), host_pool())
+    assert "hunter2-secret" not in str(e.value) and "flatcake:***@127.0.0.1" in str(e.value)
