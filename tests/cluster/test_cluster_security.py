@@ -19,11 +19,11 @@ import pytest
 pytest.importorskip("mooncake.engine", reason="Mooncake Transfer Engine not installed")
 zmq = pytest.importorskip("zmq", reason="pyzmq not installed")
 
+from tests.support.cluster_owner import attacker, empty, expected, send_raw, served  # noqa: E402,F401
 from tests.support.redis_server import TEST_SECRET  # noqa: E402
 
 from sglang_flatcake.cluster import wire  # noqa: E402
-from sglang_flatcake.cluster.owner import OwnerService  # noqa: E402
-from sglang_flatcake.cluster.owner_main import session_blocks, session_keys  # noqa: E402
+from sglang_flatcake.cluster.owner_main import session_keys  # noqa: E402
 from sglang_flatcake.cluster.redis_directory import RedisDirectory, redis_url_for_logs  # noqa: E402
 from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
 from sglang_flatcake.cluster.secret import ClusterSecret  # noqa: E402
@@ -31,7 +31,6 @@ from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
 from sglang_flatcake.config import FlatCakeConfig  # noqa: E402
 from sglang_flatcake.errors import ConfigError  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
-from sglang_flatcake.placement import WriteSignals  # noqa: E402
 from sglang_flatcake.store import FlatCakeStore  # noqa: E402
 
 LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
@@ -39,43 +38,6 @@ SECRET = ClusterSecret(TEST_SECRET)
 TK = SECRET.tenant_key("")        # tenant "": what a fetch proves it knows
 BOUND = 1.0
 SLACK = 0.75
-
-
-def expected(keys):
-    return session_blocks(LAYOUT.block_bytes, keys).reshape(len(keys), LAYOUT.layers, -1)
-
-
-def empty(n):
-    return np.zeros((n, LAYOUT.layers, LAYOUT.block_layer_bytes), np.uint8)
-
-
-@pytest.fixture(scope="module")
-def attacker():
-    """A Transfer Engine with nothing but the owner's engine address: no secret."""
-    e = Engine("127.0.0.1")
-    yield e
-    e.close()
-
-
-@pytest.fixture
-def served(tmp_path):
-    """An owner in this process: 8 SSD blocks of tenant "" and 8 memory-tier blocks of
-    tenant "alice", published; its engine, service and store."""
-    cfg = FlatCakeConfig(memory_bytes=16 << 20, ssd_bytes=256 << 20, extent_bytes=1 << 20,
-                         durable=False)
-    store = FlatCakeStore(tmp_path / "owner", LAYOUT, cfg)
-    engine = Engine("127.0.0.1")
-    svc = OwnerService(store, engine, SECRET, slot_blocks=16)
-    ssd, mem = session_keys(8, "ssd"), session_keys(8, "mem")
-    store.put(ssd, session_blocks(LAYOUT.block_bytes, ssd), signals=WriteSignals(turn=0))
-    store.put(mem, session_blocks(LAYOUT.block_bytes, mem), signals=WriteSignals(turn=1))
-    assert store.stats()["blocks_memory"] == 8 and store.stats()["blocks_ssd"] == 8
-    svc.publish("", "s", ssd)
-    svc.publish("alice", "m", mem)
-    yield engine, svc, store, ssd, mem
-    svc.close()
-    engine.close()
-    store.close()
 
 
 def raw_read(attacker, peer, addr, n):
@@ -135,19 +97,6 @@ def test_bytes_written_into_a_granted_slot_are_a_miss_not_served(served, attacke
 
 
 # ---------------------------------------------------------------- findings 3, 5: no secret
-def send_raw(endpoint, raw: bytes, timeout=BOUND):
-    s = zmq.Context.instance().socket(zmq.REQ)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(endpoint)
-    try:
-        s.send(raw)
-        if not s.poll(int(timeout * 1000)):
-            return None
-        return s.recv()
-    finally:
-        s.close()
-
-
 def test_a_node_without_the_secret_gets_nothing(served):
     engine, svc, _, ssd, _ = served
     other = Engine("127.0.0.1")

@@ -68,6 +68,7 @@ def served(tmp_path):
     ssd, mem = session_keys(8, "ssd"), session_keys(8, "mem")
     store.put(ssd, session_blocks(lay.block_bytes, ssd), signals=WriteSignals(turn=0))
     store.put(mem, session_blocks(lay.block_bytes, mem), signals=WriteSignals(turn=1))
+    assert store.stats()["blocks_memory"] == 8 and store.stats()["blocks_ssd"] == 8
     svc.publish("", "s", ssd)
     svc.publish("alice", "m", mem)
     yield engine, svc, store, ssd, mem
