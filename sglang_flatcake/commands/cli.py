@@ -15,13 +15,13 @@ from .demo_flags import split_server_flags
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code.  Ctrl-C ends any command with one line and 130; a
     reader that stops early (``flatcake inspect DIR | head``) ends it quietly with 141."""
-    cmd = "flatcake"
+    cmd, err = "flatcake", None
     try:
         args = _parse(argv)
         cmd = f"flatcake {args.cmd}"
-        with interrupts.caught():        # a Ctrl-C a finalizer swallowed still ends in 130
+        with interrupts.line_ends_tracked() as err, interrupts.caught():
             rc = _dispatch(args)
-            interrupts.check()
+            interrupts.check()           # a Ctrl-C a finalizer swallowed still ends in 130
         sys.stdout.flush()                # a closed pipe shows here, not at interpreter exit
         return rc
     except BrokenPipeError:
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         # every server and helper process a command starts is stopped in a ``finally``
         # on the way up here, so by now none is left running
-        print(f"{cmd}: interrupted"
+        # on a line of its own, even when the Ctrl-C landed between a print's text and newline
+        print(("" if err is None or err.at_line_start else "\n") + f"{cmd}: interrupted"
               + ("; the servers it started are stopped" if cmd == "flatcake demo" else ""),
               file=sys.stderr)
         return 130

@@ -284,6 +284,8 @@ def tiny_model(max_positions: int) -> Path:
     except (OSError, UnsafeStoreError) as e:
         raise DemoFailure(f"the model cache {cache_dir()} cannot be used: {e} (set "
                           f"FLATCAKE_DEMO_CACHE to a private folder)") from None
+    except RuntimeError as e:                       # the build itself failed: its last line
+        raise DemoFailure(str(e)) from None
     if not built:
         print(f"[demo] tiny random Llama (context {max_positions}): {path}", file=sys.stderr)
     return path

@@ -77,3 +77,33 @@ def held():
         if main:
             _held -= 1
     check()
+
+
+class LineEnds:
+    """A text stream as it was, remembering whether what was last written ended a line, so a
+    Ctrl-C that lands inside ``print`` (between its text and its newline) does not glue the
+    command's last words to that half line.  Everything but ``write`` goes to the stream."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.at_line_start = True
+
+    def write(self, text: str) -> int:
+        if text:               # set first: an interrupt after it costs a blank line at most
+            self.at_line_start = text.endswith("\n")
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def line_ends_tracked():
+    """``sys.stderr`` wrapped in ``LineEnds`` for the block (put back after it); yields it."""
+    import sys
+    tracked = LineEnds(sys.stderr)
+    sys.stderr = tracked
+    try:
+        yield tracked
+    finally:
+        sys.stderr = tracked.stream

@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -113,7 +115,7 @@ def cached_tiny_llama(root: str | Path | None = None, announce=None,
         announce(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".build-{digest}-", dir=base))
     try:
-        build_tiny_llama(tmp, **{k: key[k] for k in DEFAULTS})
+        _build_in_child(tmp, {k: key[k] for k in DEFAULTS})
         (tmp / MARKER).write_text(json.dumps({"built_by": "sglang_flatcake", "key": key}))
         if final.exists() and not _complete(final, key):     # half-made or foreign: set aside
             stale = Path(tempfile.mkdtemp(prefix=f".stale-{digest}-", dir=base))
@@ -133,6 +135,21 @@ def cached_tiny_llama(root: str | Path | None = None, announce=None,
     return final, True
 
 
+def _build_in_child(path: Path, params: dict) -> None:
+    """``build_tiny_llama(path, **params)`` in a child Python, so the caller (``flatcake demo``)
+    never imports torch: a Ctrl-C then ends it at once instead of after torch's teardown.  A
+    failed build raises ``RuntimeError`` with the child's last line."""
+    code = ("import json, sys; from sglang_flatcake.commands.tiny_model import build_tiny_llama; "
+            "build_tiny_llama(sys.argv[1], **json.loads(sys.argv[2]))")
+    here = str(Path(__file__).resolve().parents[2])       # where this sglang_flatcake lives
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    r = subprocess.run([sys.executable, "-c", code, str(path), json.dumps(params)],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        lines = (r.stderr or r.stdout).strip().splitlines() or ["no output"]
+        raise RuntimeError(f"building the tiny model failed (exit {r.returncode}): {lines[-1]}")
+
+
 if __name__ == "__main__":
-    import sys
     print(build_tiny_llama(sys.argv[1] if len(sys.argv) > 1 else "tiny-llama"))

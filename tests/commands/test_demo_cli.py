@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_flatcake.commands import cli, demo
+from sglang_flatcake.commands import cli, demo, interrupts
 from sglang_flatcake.commands.demo_report import Progress, closing_sentence
 
 
@@ -42,6 +42,20 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     assert cli.main(["demo"]) == 130
     err = capsys.readouterr().err
     assert err == "flatcake demo: interrupted; the servers it started are stopped\n"
+
+
+def test_ctrl_c_inside_a_print_still_ends_on_a_line_of_its_own(monkeypatch, capsys):
+    """A Ctrl-C between a print's text and its newline (seen with the model build's line):
+    the closing words start a new line instead of finishing the half one."""
+    def interrupted(args):
+        print("[demo] building a tiny random Llama", end="", file=sys.stderr)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(demo, "run", interrupted)
+    assert cli.main(["demo"]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["[demo] building a tiny random Llama",
+                                "flatcake demo: interrupted; the servers it started are stopped"]
+    assert sys.stderr is not None and not isinstance(sys.stderr, interrupts.LineEnds)
 
 
 def test_run_backend_stops_the_server_when_interrupted(monkeypatch, tmp_path):
