@@ -111,7 +111,10 @@ class ServerProcess(Managed):
         before the server bound it (``address already in use`` in its log) is retried on a
         new port, ``tries`` times in all, unless the caller fixed the port.  ``progress``,
         if given, is called about once a second with (seconds since the start, what the
-        start waits for now)."""
+        start waits for now).  Raises ``RuntimeError`` while this server already runs (a
+        second start would leave the first process running with nobody to stop it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"the server at {self.url} is already running (pid {self.proc.pid})")
         t0 = time.monotonic()
         for attempt in range(tries):
             try:

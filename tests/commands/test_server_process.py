@@ -96,3 +96,28 @@ def _fast_wait_until(cond, timeout, what, every=0.25):
         if got:
             return got
     raise TimeoutError(what)
+
+
+def test_a_second_start_of_a_running_server_is_refused(tmp_path, monkeypatch):
+    """``with ServerProcess(...).start() as s`` starts twice (``__enter__`` starts too): the
+    first process would run on with nobody to stop it (a test fixture leaked two spinning
+    servers into CI's run that way).  The second start is refused, naming the running pid."""
+    import subprocess
+    import sys
+    s = srv.ServerProcess(["--model-path", "m"], log_path=str(tmp_path / "log"))
+    started = []
+
+    def once(timeout, *rest):
+        s.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                  start_new_session=True)
+        started.append(s.proc)
+        return s
+    monkeypatch.setattr(s, "_start_once", once)
+    try:
+        with pytest.raises(RuntimeError, match=f"already running \\(pid {s.start().proc.pid}\\)"):
+            with s:
+                pass
+        assert len(started) == 1
+    finally:
+        s.stop()
+    assert started[0].poll() is not None

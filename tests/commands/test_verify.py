@@ -28,7 +28,7 @@ def server(request, model, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"verify-{mode}")
     args = cpu_server_args(model, str(work / "store"), PAGE, backend=BACKENDS[mode],
                            extra=["--enable-metrics"])
-    with ServerProcess(args, log_path=str(work / "server.log")).start() as s:
+    with ServerProcess(args, log_path=str(work / "server.log")) as s:   # __enter__ starts it
         yield mode, s
 
 
