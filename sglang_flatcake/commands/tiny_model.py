@@ -147,6 +147,8 @@ def _build_in_child(path: Path, params: dict) -> None:
     r = subprocess.run([sys.executable, "-c", code, str(path), json.dumps(params)],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
+        from . import interrupts
+        interrupts.check()       # a Ctrl-C that reached the child first is still a Ctrl-C
         lines = (r.stderr or r.stdout).strip().splitlines() or ["no output"]
         raise RuntimeError(f"building the tiny model failed (exit {r.returncode}): {lines[-1]}")
 
