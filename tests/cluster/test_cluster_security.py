@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -19,7 +17,8 @@ import pytest
 pytest.importorskip("mooncake.engine", reason="Mooncake Transfer Engine not installed")
 zmq = pytest.importorskip("zmq", reason="pyzmq not installed")
 
-from tests.support.cluster_owner import attacker, empty, expected, send_raw, served  # noqa: E402,F401
+from tests.support.cluster_owner import (OwnerProcess, attacker, empty, expected,  # noqa: E402,F401
+                                         send_raw, served)
 from tests.support.redis_server import TEST_SECRET  # noqa: E402
 
 from sglang_flatcake.cluster import wire  # noqa: E402
@@ -247,24 +246,9 @@ def test_leases_are_unguessable_bound_to_their_requester_and_capped_per_peer(ser
 
 
 # ---------------------------------------------------------------- findings 7, 8: stalls
-class Owner:
-    def __init__(self, root, secret, blocks=16):
-        self.keys = session_keys(blocks, "a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_flatcake.cluster.owner_main", "--root", str(root),
-             "--blocks", str(blocks), "--secret-file", secret, "--raw-bytes", "65536"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.info = json.loads(self.proc.stdout.readline())
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-
-
 def test_a_stalled_peer_stops_only_its_own_restores_and_leaks_nothing(tmp_path, secret_file):  # noqa: F811
-    slow, fine = Owner(tmp_path / "slow", secret_file), Owner(tmp_path / "fine", secret_file)
+    slow, fine = (OwnerProcess(tmp_path / "slow", secret_file),
+                  OwnerProcess(tmp_path / "fine", secret_file))
     member = Engine("127.0.0.1")
     try:
         reader = RemoteReader(member, LAYOUT, SECRET, max_blocks=16, timeout_s=0.4)
