@@ -45,6 +45,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from sglang_flatcake.cluster.identity import roster_line  # noqa: E402
 from sglang_flatcake.cluster.owner_main import session_keys  # noqa: E402
 from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
 from sglang_flatcake.cluster.secret import ClusterSecret  # noqa: E402
@@ -56,7 +57,7 @@ def seal_cost(secret, buf, keys):
     """CPU seconds of sealing every block of ``buf`` (the owner's part) and of opening them
     again (the requester's part), as ``seal`` does for one grant."""
     from sglang_flatcake.cluster.seal import grant_cipher, open_block, seal_block, sealed_bytes
-    aead, tag = grant_cipher(secret, "requester", "owner", "00" * 16), secret.tag("")
+    aead, tag = grant_cipher(secret, 1, 0, "00" * 16), secret.tag("")
     sealed = np.ones((len(keys), sealed_bytes(buf[0].nbytes)), np.uint8)   # pages touched,
     out = np.ones_like(buf[0])                   # as the owner's reused slots are
     t = time.process_time()
@@ -132,7 +133,16 @@ def main() -> int:
     secret_path = os.path.join(tmp, "secret")
     with open(os.open(secret_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
         f.write(os.urandom(32).hex().encode())
-    secret = ClusterSecret.from_file(secret_path)
+    seeds = {}                              # the owner is node 0, this process node 1
+    for node in (0, 1):
+        seeds[node] = os.urandom(32)
+        with open(os.open(os.path.join(tmp, f"node{node}.key"), os.O_WRONLY | os.O_CREAT,
+                          0o600), "w") as f:
+            f.write(seeds[node].hex())
+    with open(os.open(os.path.join(tmp, "roster"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("".join(roster_line(n, sd) + "\n" for n, sd in seeds.items()))
+    secret = ClusterSecret.for_node(secret_path, 1, os.path.join(tmp, "node1.key"),
+                                    os.path.join(tmp, "roster"))
     chunk = a.chunk_blocks or a.blocks
     slots = -(-a.blocks // chunk) + 1        # staging holds the whole session (for the raw read)
     extra = ["--memory-bytes", str(2 * nbytes)] if a.medium == "memory" else []
@@ -141,7 +151,9 @@ def main() -> int:
          "--blocks", str(a.blocks), "--layers", str(a.layers), "--kv-heads", str(a.kv_heads),
          "--head-dim", str(a.head_dim), "--page-tokens", str(a.page_tokens),
          "--ssd-bytes", str(4 * nbytes + (64 << 20)), "--slots", str(slots), "--slot-blocks", str(chunk),
-         "--secret-file", secret_path, "--raw-bytes", str(nbytes), *extra],
+         "--secret-file", secret_path, "--raw-bytes", str(nbytes), "--node", "0",
+         "--node-key-file", os.path.join(tmp, "node0.key"), "--roster-file",
+         os.path.join(tmp, "roster"), *extra],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         info = json.loads(owner.stdout.readline())

@@ -48,7 +48,13 @@ class ClusterNode:
             raise ConfigError("cluster_secret_file='' is not allowed: a cluster node needs the "
                               "cluster's secret file (--flatcake-cluster-secret-file; "
                               "docs/cluster-security.md)")
-        secret = ClusterSecret.from_file(config.cluster_secret_file)
+        if not config.cluster_node_key_file or not config.cluster_roster_file:
+            raise ConfigError("cluster_node_key_file and cluster_roster_file are required in a "
+                              "cluster: each node's own key and the operator's roster "
+                              "(--flatcake-cluster-node-key-file, --flatcake-cluster-roster-file;"
+                              " docs/cluster.md)")
+        secret = ClusterSecret.for_node(config.cluster_secret_file, config.node_id,
+                                        config.cluster_node_key_file, config.cluster_roster_file)
         made: list = []
         try:
             self.engine = Engine(config.cluster_bind)

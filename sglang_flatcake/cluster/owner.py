@@ -7,7 +7,8 @@ while a requester pulls it; a session reclaimed before that is a clean miss ("no
 
 No message can stop the service: it checks size and MAC before parsing and the shape after,
 answers every request it received (an error is an answer), and rolls back a grant on any
-failure.  Each requester holds at most ``grants_per_peer`` grants; a grant's slot is
+failure.  Each requester holds at most ``grants_per_peer`` grants, counted per node its
+signature proves (``identity``: a member cannot sign as another); a grant's slot is
 registered with the Transfer Engine only from the grant to its ack or lease end.
 """
 
@@ -36,7 +37,7 @@ log = logging.getLogger("sglang_flatcake")
 @dataclass
 class _Lease:
     id: str
-    peer: str              # the requester it was granted to (``from``)
+    peer: int              # the requester it was granted to (the node its signature proves)
     slot: int
     addr: int              # the slot's registration
     keys: list[str]
@@ -63,7 +64,7 @@ class OwnerService:
         if lease_s <= 0:
             raise ConfigError(f"lease_s={lease_s!r} is not allowed: expected > 0")
         self.store, self.engine, self.directory = store, engine, directory
-        self.secret = secret
+        self.secret, self.node = secret, secret.identity.node     # ConfigError without one
         self.slot_blocks, self.lease_s, self.grants_per_peer = slot_blocks, lease_s, grants_per_peer
         self.staging = store.alloc_blocks(slots * slot_blocks)    # aligned for O_DIRECT
         self.sealed = np.zeros((slots * slot_blocks, sealed_bytes(store.layout.block_bytes)),
@@ -122,7 +123,7 @@ class OwnerService:
                 self.directory.remove_session(tenant, session)
         return gone
 
-    def held(self, peer: str | None = None) -> int:
+    def held(self, peer: int | None = None) -> int:
         """Grants outstanding (for ``peer``, or all)."""
         with self._lock:
             return sum(1 for l in self._leases.values() if peer is None or l.peer == peer)
@@ -136,15 +137,20 @@ class OwnerService:
             if not poller.poll(50):
                 continue
             raw = self._sock.recv()
-            self._sock.send(wire.seal(self.secret, self._answer(raw), self.engine.session))
+            peer, rep = self._answer(raw)
+            self._sock.send(wire.seal(self.secret, rep) if peer is None
+                            else wire.seal_to(self.secret, rep, peer))
 
-    def _answer(self, raw: bytes) -> dict:
-        """The reply to one raw request: never raises (every request is answered)."""
+    def _answer(self, raw: bytes) -> tuple[int | None, dict]:
+        """``(proven sender or None, the reply)`` to one raw request: never raises (every
+        request is answered)."""
         self.counters["requests"] += 1
-        nonce = ""
+        nonce, peer = "", None
         try:
-            peer, req = wire.unseal_from(self.secret, raw)      # the sender its MAC proves
+            peer, req = wire.unseal_from(self.secret, raw)   # the node its signature proves
             nonce = wire.need(req, "nonce", str)[:wire.MAX_NONCE_CHARS]
+            if req.get("to", self.endpoint) != self.endpoint:
+                raise wire.WireError("request for another owner")
             ts = wire.fresh(req)
             if not self._nonces.admit(wire.nonce_of(req), ts, time.time()):
                 raise wire.WireError("request replayed (its nonce was seen already)")
@@ -167,7 +173,7 @@ class OwnerService:
             log.exception("flatcake: owner request failed")
             rep = {"error": f"owner failed: {type(e).__name__}"}
         rep["re"] = nonce
-        return rep
+        return peer, rep
 
     def _expire(self, now: float) -> None:
         for slot, lease in list(self._leases.items()):
@@ -183,7 +189,7 @@ class OwnerService:
         self._free.append(slot)
         return lease
 
-    def _fetch(self, peer: str, tag: str, keys: list[str], nonce: str, proof: str) -> dict:
+    def _fetch(self, peer: int, tag: str, keys: list[str], nonce: str, proof: str) -> dict:
         with self._lock:
             recs = self._records.get(tag, {})
             n = next((i for i, k in enumerate(keys) if k not in recs), len(keys))
@@ -202,7 +208,7 @@ class OwnerService:
         try:
             pin = self.store.read_lease(keys[:n])       # pinned until the ack or the lease ends
             at = slice(slot * self.slot_blocks, slot * self.slot_blocks + pin.n)
-            aead = grant_cipher(self.secret, peer, self.engine.session, nonce)
+            aead = grant_cipher(self.secret, peer, self.node, nonce)
             got = stage_run(self.store, pin, self.staging[at], self.sealed[at],
                             lambda i, plain, out: seal_block(aead, i, tag, keys[i], plain, out))
             if got.hits == 0:
@@ -225,10 +231,11 @@ class OwnerService:
         self.counters["grants"] += 1
         return {"hits": got.hits, "lease": lease.id, "peer": self.engine.session,
                 "bytes": got.hits * self.sealed.shape[1], "segments": got.segments,
-                "records": records[:got.hits], "from_ssd": got.from_ssd,
+                "records": records[:got.hits], "memory": list(got.memory),
+                "from_ssd": got.from_ssd,
                 "read_commands": got.read_commands}
 
-    def _ack(self, peer: str, lid: str) -> dict:
+    def _ack(self, peer: int, lid: str) -> dict:
         with self._lock:
             self._expire(time.monotonic())
             slot = next((s for s, l in self._leases.items() if l.id == lid and l.peer == peer),

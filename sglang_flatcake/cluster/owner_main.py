@@ -1,7 +1,8 @@
 """An owner node process for tests and benchmarks: a real FlatCakeStore on real files,
 filled with one session, served through ``OwnerService``.
 
-``python -m sglang_flatcake.cluster.owner_main --root DIR --blocks N --secret-file F [...]``
+``python -m sglang_flatcake.cluster.owner_main --root DIR --blocks N --secret-file F
+--node-key-file K --roster-file R [...]``
 prints one JSON
 line ``{"ready": true, "endpoint": ..., ...}`` and then obeys stdin lines: ``clear`` (free
 every session, sweep the directory; prints ``{"cleared": n}``), ``local`` (time a local
@@ -62,6 +63,8 @@ def parse(argv):
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--slot-blocks", type=int, default=0, help="default: --blocks")
     p.add_argument("--secret-file", required=True, help="the cluster secret")
+    p.add_argument("--node-key-file", required=True, help="this node's key (cluster.keygen)")
+    p.add_argument("--roster-file", required=True, help="every node's public keys")
     p.add_argument("--raw-bytes", type=int, default=0,
                    help="benchmarks: register a buffer this large (random bytes, no tenant's) "
                         "for a raw Transfer Engine read to compare with (its address: raw_addr)")
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
     from .owner import OwnerService
     from .secret import ClusterSecret
     from .transfer import Engine
-    secret = ClusterSecret.from_file(a.secret_file)
+    secret = ClusterSecret.for_node(a.secret_file, a.node, a.node_key_file, a.roster_file)
     layout = KVLayout.mha(layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim,
                           dtype="bfloat16", page_tokens=a.page_tokens)
     cfg = FlatCakeConfig(memory_bytes=a.memory_bytes, ssd_bytes=a.ssd_bytes, node_id=a.node,

@@ -27,6 +27,7 @@ class StagedRun:
     segments: list[tuple[int, int, int]]    # (first block of the run, remote address, bytes)
     from_ssd: int
     read_commands: int
+    memory: tuple[int, ...] = ()            # leading blocks sealed straight from the arena
 
 
 def stage_run(store, lease, view: np.ndarray, sealed: np.ndarray,
@@ -52,7 +53,8 @@ def stage_run(store, lease, view: np.ndarray, sealed: np.ndarray,
     for i in range(hits):
         seal(i, lease.arena_buf[memory[i]] if i in memory else view[i], sealed[i])
     segments = [(0, sealed.ctypes.data, hits * sealed.shape[1])] if hits else []
-    return StagedRun(hits, segments, hits - lease.memory_hits(hits), plan.read_commands)
+    return StagedRun(hits, segments, hits - lease.memory_hits(hits), plan.read_commands,
+                     tuple(sorted(i for i in memory if i < hits)))
 
 
 def publish_records(store, secret: ClusterSecret, tag: str, keys: list[str]) -> list[str]:

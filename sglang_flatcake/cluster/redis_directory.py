@@ -16,11 +16,13 @@ time, with no sweep.  ``lookup`` is one Lua script call (EVALSHA; the very first
 server also loads the script): every page key and the owners'
 leases are read server-side in a single round trip.
 
-Every lease and entry carries a MAC under the cluster secret (``ClusterSecret``) over what it
-says (node, incarnation, endpoint; tenant tag, key); ``lookup`` ends the run at the first one
-that fails or does not parse (a miss, logged once: ``redis_entries`` parses strictly), so a
-Redis writer without the secret can delete entries (a miss) but never point a node at an
-owner or a page, nor make a lookup raise.  The lease is refreshed and dropped by
+Every lease and entry is signed (Ed25519) by the node it names (``identity``; public keys
+from the operator's roster) over what it says (node, incarnation, endpoint; tenant tag, key);
+``lookup`` ends the run at the first one that fails or does not parse (a miss, logged once:
+``redis_entries`` parses strictly), so a Redis writer -- another member included -- can
+delete entries (a miss) but never point a node at an owner or a page in another node's
+name, nor make a lookup raise.  A value whose signature checked is remembered (bounded), so
+a lookup pays one check per entry once.  The lease is refreshed and dropped by
 compare-and-set: it is lost only to a *valid* lease of this node id with another incarnation
 (a node id taken over is never written back); junk on the lease key is overwritten, and the
 heartbeat thread survives any failure.  ``join`` purges what dead incarnations of its node
@@ -38,11 +40,13 @@ from typing import Sequence
 from ..config_check import redact_url
 from ..errors import ConfigError
 from .directory import Directory, DirectoryError, Lookup
-from .redis_entries import lease_value, page_name, parse_entry, parse_node, valid_lease
+from .redis_entries import (entry_sig, lease_value, page_name, parse_entry, parse_node,
+                            valid_entry, valid_lease)
 from .redis_lua import BEAT, LEAVE, LOOKUP, PURGE, REMOVE
 from .secret import ClusterSecret
 
 log = logging.getLogger("sglang_flatcake")
+SEEN_KEPT = 1 << 16          # verified entries and leases remembered (an Ed25519 check each)
 
 
 def redis_url_for_logs(url: str) -> str:
@@ -82,6 +86,7 @@ class RedisDirectory(Directory):
         self.forged = 0              # entries/leases malformed or failing their MAC at lookup
         self.overwritten = 0         # junk found on this node's lease key and replaced
         self._logged: set[str] = set()    # what was logged once already
+        self._seen: dict = {}        # values whose signature checked (bounded: SEEN_KEPT)
         self.node: int | None = None
         self._lease_value = ""
         self._held = None            # what _take last found on the lease key, if not ours
@@ -207,8 +212,7 @@ class RedisDirectory(Directory):
         p = self._r.pipeline(transaction=True)
         tag = pre.split(":t:", 1)[1][:-3]
         names = [page_name(self.secret, tag, k) for k in keys]
-        p.mset({pre + name: self._entry + self.secret.mac(b"entry", tag, k, self.node,
-                                                           self._inc).hex()
+        p.mset({pre + name: self._entry + entry_sig(self.secret, tag, k, self._inc)
                 for name, k in zip(names, keys)})
         p.sadd(sk, *names)
         p.sadd(f"{self.ns}:ns:{self.node}", sk)
@@ -234,9 +238,9 @@ class RedisDirectory(Directory):
         owners: list[int] = []
         for key, raw in zip(keys, entries):
             e = parse_entry(raw)
-            lease = None if e is None else valid_lease(self.secret, e.node, leases.get(e.node))
+            lease = None if e is None else self._lease(e.node, leases.get(e.node))
             if e is None or lease is None or lease.inc != e.inc \
-                    or not self.secret.check(e.mac, b"entry", tag, key, e.node, e.inc):
+                    or not self._entry_ok(tag, key, raw, e):
                 self._forged()
                 break
             endpoints[e.node] = lease.endpoint
@@ -245,6 +249,29 @@ class RedisDirectory(Directory):
             if stop and parse_entry(stop[0]) is None:     # not an entry at all: planted
                 self._forged()
         return Lookup(len(owners), tuple(owners), endpoints)
+
+    def _lease(self, node: int, raw):
+        """``valid_lease``, its signature checked once per value (``_seen``)."""
+        seen = self._seen.get(("lease", node, raw))
+        if seen is None:
+            seen = valid_lease(self.secret, node, raw)
+            if seen is not None:
+                self._remember(("lease", node, raw), seen)
+        return seen
+
+    def _entry_ok(self, tag: str, key: str, raw, e) -> bool:
+        """``valid_entry``, its signature checked once per value (``_seen``)."""
+        if (tag, key, raw) in self._seen:
+            return True
+        ok = valid_entry(self.secret, tag, key, e)
+        if ok:
+            self._remember((tag, key, raw), True)
+        return ok
+
+    def _remember(self, what, value) -> None:
+        if len(self._seen) >= SEEN_KEPT:
+            self._seen.clear()
+        self._seen[what] = value
 
     def _forged(self) -> None:
         self.forged += 1

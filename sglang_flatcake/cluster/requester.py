@@ -5,8 +5,8 @@
 receive buffer; a chunk starts as soon as its grant arrives), the owner reads the
 next into another staging slot meanwhile (at most two of its slots held), and a landed
 chunk is verified on a verifier thread while the next ones move.  The owner seals every
-block for this grant (``seal``: AES-GCM under a key derived from both nodes' keys and the
-request's nonce); each sealed block lands in ``landing`` and is opened with that key into
+block for this grant (``seal``: AES-GCM under a key derived from the X25519 key of this node
+and the owner that signed the grant, and the request's nonce); each sealed block lands in ``landing`` and is opened with that key into
 ``buf`` (a tampered or foreign block does not open), then checked against the *writing
 node's* record of it (``wire.block_record``: a MAC under the cluster secret over its
 per-layer xxh3_64 checksums, made at publish time: the disk, the staging slot and the wire
@@ -78,10 +78,12 @@ class RemoteReader:
                               f"or a positive block count")
         self.chunk_blocks = chunk_blocks or max_blocks
         self.engine, self.layout, self.secret = engine, layout, secret
+        self.node = secret.identity.node          # ConfigError without one
         self.max_blocks, self.timeout_s = max_blocks, timeout_s
         self._zmq = zmq
         self._ctx = zmq.Context.instance()
         self._idle: dict[str, list] = {}          # endpoint -> REQ sockets ready to send
+        self._owners: dict[str, int] = {}         # endpoint -> the node a reply proved there
         self._verifier = ThreadPoolExecutor(1, thread_name_prefix="fc-verify")
         self._set_aside: list[tuple[np.ndarray, list[threading.Event], str]] = []
         self.sealed_bytes = sealed_bytes(layout.block_bytes)
@@ -114,7 +116,9 @@ class RemoteReader:
 
     def _send(self, endpoint: str, msg: dict):
         """Send ``msg`` on an idle socket to ``endpoint`` (one kept from an answered call, or
-        a new one): a connection per call would cost both sides a handshake."""
+        a new one): a connection per call would cost both sides a handshake.  Signed
+        (``wire.seal``) until a reply proved which node answers there, then MAC'd for that
+        node alone (``wire.seal_to``: a keyed hash instead of an Ed25519 signature)."""
         idle = self._idle.get(endpoint)
         if idle:
             s = idle.pop()
@@ -123,13 +127,16 @@ class RemoteReader:
             s.setsockopt(self._zmq.LINGER, 0)
             s.setsockopt(self._zmq.MAXMSGSIZE, 4 * wire.MAX_MESSAGE)
             s.connect(endpoint)
-        s.send(wire.seal(self.secret, msg))
+        owner, msg = self._owners.get(endpoint), {**msg, "to": endpoint}
+        s.send(wire.seal(self.secret, msg) if owner is None
+               else wire.seal_to(self.secret, msg, owner))
         return s, msg["nonce"], endpoint
 
     def _recv(self, call, deadline: float) -> dict | None:
         """The reply to ``call`` within the deadline (``None`` if none came; an
-        ``{"error": ...}`` for one not authenticated or not answering this request).  The
-        socket goes back to the idle ones only after a good answer, else it is closed."""
+        ``{"error": ...}`` for one not authenticated or not answering this request), with
+        ``"by"``: the node that sent it (proven).  The socket goes back to the idle ones only
+        after a good answer, else it is closed."""
         s, nonce, endpoint = call
         keep = False
         try:
@@ -137,15 +144,20 @@ class RemoteReader:
             if left <= 0 or not s.poll(int(left * 1000) + 1, self._zmq.POLLIN):
                 return None
             sender, rep = wire.unseal_from(self.secret, s.recv())
-            if rep.get("re") != nonce:
-                raise wire.WireError("reply to another request")
-            if "peer" in rep and rep["peer"] != sender:
-                raise wire.WireError("a grant on another node's engine than its sender's")
+            if rep.get("re") != nonce:       # (an unauthenticated request's answer: re "")
+                raise wire.WireError("reply to another request" + (
+                    f" ({str(rep['error'])[:200]})" if rep.get("re") == "" and "error" in rep
+                    else ""))
             keep = True
-            return rep
+            if len(self._owners) >= 4096:
+                self._owners.clear()
+            self._owners[endpoint] = sender
+            return {**rep, "by": sender}
         except wire.WireError as e:
             return {"error": f"bad reply: {e}", "valid": False}
         finally:
+            if not keep:                     # maybe another node there now: sign again
+                self._owners.pop(endpoint, None)
             if keep and len(self._idle.setdefault(endpoint, [])) < 4:
                 self._idle[endpoint].append(s)
             else:
@@ -181,7 +193,7 @@ class RemoteReader:
             return RemoteResult(0, 0, 0.0, "too many late transfers")
         if sum(p == endpoint for _, _, p in self._set_aside) >= self.MAX_SET_ASIDE_PER_PEER:
             return RemoteResult(0, 0, 0.0, "a late transfer from this owner")
-        tag, me = self.secret.tag(tenant), self.engine.session
+        tag, me = self.secret.tag(tenant), self.node
         tkey = self.secret.tenant_key(tenant)
         if self.engine.registers_local:        # rdma: reachable for this fetch only
             self.engine.register(self.landing)
@@ -229,7 +241,7 @@ class RemoteReader:
             if fields is None:
                 reason = "bad grant"
                 break
-            n, segs, records = fields
+            n, segs, records, memory = fields
             t_grant = t_grant or time.monotonic() - t0
             rc = grant.get("read_commands")
             cmds += rc if type(rc) is int else 0
@@ -242,8 +254,9 @@ class RemoteReader:
             jobs.append(self.engine.start_read(
                 grant["peer"], [self.landing_addr + (start + int(s[0])) * sb for s in segs],
                 [int(s[1]) for s in segs], [int(s[2]) for s in segs]))
-            aead = grant_cipher(self.secret, me, grant["peer"], asked_nonce)
-            prev, flying = flying, (start, n, (tag, ck, records, aead), jobs[-1], grant["lease"])
+            aead = grant_cipher(self.secret, me, grant["by"], asked_nonce)
+            prev, flying = flying, (start, n, (tag, ck, records, aead, memory), jobs[-1],
+                                    grant["lease"])
             if prev is not None and not land(prev):
                 break
             if acks and acks[-1][1] is not None:   # the landed chunk's slot is free again
@@ -303,13 +316,16 @@ class RemoteReader:
 
     def _verified(self, start: int, n: int, asked) -> int:
         """Leading blocks of ``landing[start:start + n]`` that open with the grant's key into
-        ``buf[start:start + n]`` and match the writer's records."""
-        tag, keys, records, aead = asked
+        ``buf[start:start + n]`` and match the writer's records (but those the owner sealed
+        straight from its arena, ``memory``: the AEAD tag covers them from there on)."""
+        tag, keys, records, aead, memory = asked
         h = xxhash.xxh3_64_intdigest
         sums = np.empty(self.layout.layers, np.uint64)
         for i in range(n):
             if not open_block(aead, i, tag, keys[i], self.landing[start + i], self.buf[start + i]):
                 return i
+            if i in memory:
+                continue
             for j in range(self.layout.layers):
                 sums[j] = h(self.buf[start + i, j])
             if not hmac.compare_digest(block_record(self.secret, tag, keys[i], sums), records[i]):

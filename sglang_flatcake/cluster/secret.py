@@ -3,9 +3,9 @@
 with it -- owner messages and grants (``wire``), directory entries and leases
 (``redis_directory``), and the per-block records a writing node makes at publish time
 (``records``).  Tenant tags are keyed with it, so a tag reveals nothing about its salt;
-a tenant's key (``tenant_key``) never leaves a node.  Node keys (``node_key``, HKDF) are
-derived from it: they prove a message's sender against anyone without the secret, not
-against another member (docs/cluster-security.md).
+a tenant's key (``tenant_key``) never leaves a node.  What proves *which* node speaks is not
+the shared secret but the node's own keys (``identity``: Ed25519 and X25519 per node, public
+keys in the operator's roster), carried here as ``identity`` (docs/cluster-security.md).
 
 The MAC is keyed BLAKE2b (``hashlib``, RFC 7693 keyed mode, 16-byte tags), one derived key
 per purpose (``person``), every part length-prefixed.  The secret never appears in
@@ -26,16 +26,16 @@ MAC_BYTES = 16
 
 class ClusterSecret:
     """A cluster's shared secret (at least ``MIN_SECRET_BYTES``).  ``mac`` tags bytes for
-    one ``purpose``; ``check`` compares in constant time; ``node_mac``/``node_check`` do so
-    under a node's key; ``tag`` is a tenant's keyed key-space prefix."""
+    one ``purpose``; ``check`` compares in constant time; ``tag`` is a tenant's keyed
+    key-space prefix.  ``identity`` is this node's (``NodeIdentity``), when it has one."""
 
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, identity=None) -> None:
         if not isinstance(secret, (bytes, bytearray)) or len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"the cluster secret has {len(secret or b'')} bytes: expected at "
                               f"least {MIN_SECRET_BYTES} (e.g. `head -c 32 /dev/urandom > FILE`)")
         self._key = hashlib.blake2b(bytes(secret), digest_size=64,
                                     person=b"flatcake-cluster").digest()
-        self._node_keys: dict[str, bytes] = {}     # node_key's, cached (bounded)
+        self._identity = identity
 
     @classmethod
     def from_file(cls, path: str) -> "ClusterSecret":
@@ -43,6 +43,21 @@ class ClusterSecret:
         regular file of this user in a private directory, at least 32 bytes of varied
         content).  ``ConfigError`` names the path (never the contents) when it is not."""
         return cls(read_secret_file(path))
+
+    @classmethod
+    def for_node(cls, path: str, node: int, key_file: str, roster_file: str) -> "ClusterSecret":
+        """``from_file`` with node ``node``'s identity (``NodeIdentity.from_files``)."""
+        from .identity import NodeIdentity
+        return cls(read_secret_file(path), NodeIdentity.from_files(node, key_file, roster_file))
+
+    @property
+    def identity(self):
+        """This node's ``NodeIdentity``; ``ConfigError`` when it was given none."""
+        if self._identity is None:
+            raise ConfigError("this cluster secret has no node identity: a node needs its key "
+                              "file and the roster (--flatcake-cluster-node-key-file, "
+                              "--flatcake-cluster-roster-file; docs/cluster.md)")
+        return self._identity
 
     def mac(self, purpose: bytes, *parts: bytes | str | int) -> bytes:
         """A 16-byte keyed BLAKE2b of ``parts`` (each length-prefixed) for ``purpose``
@@ -63,34 +78,6 @@ class ClusterSecret:
             except ValueError:
                 return False
         return hmac.compare_digest(tag, self.mac(purpose, *parts))
-
-    def node_key(self, node: str) -> bytes:
-        """Node ``node``'s 32-byte key: HKDF-SHA256 of the cluster secret with the node's
-        name as info (cached, at most 4096 names).  Any holder of the cluster secret can
-        derive it (not a per-node secret: docs/cluster-security.md)."""
-        key = self._node_keys.get(node)
-        if key is None:
-            from cryptography.hazmat.primitives import hashes
-            from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-            if len(self._node_keys) >= 4096:
-                self._node_keys.clear()
-            key = self._node_keys[node] = HKDF(hashes.SHA256(), 32, b"flatcake-node",
-                                               b"node|" + node.encode()).derive(self._key)
-        return key
-
-    def node_mac(self, node: str, purpose: bytes, *parts) -> bytes:
-        """``mac`` under node ``node``'s key instead of the cluster's: what proves a
-        message's sender (any holder of the cluster secret can still make one)."""
-        h = hashlib.blake2b(key=self.node_key(node), digest_size=MAC_BYTES, person=purpose)
-        for p in parts:
-            b = bytes(p)
-            h.update(struct.pack("<Q", len(b)))
-            h.update(b)
-        return h.digest()
-
-    def node_check(self, tag: bytes, node: str, purpose: bytes, *parts) -> bool:
-        """Does ``tag`` authenticate ``parts`` under node ``node``'s key?"""
-        return hmac.compare_digest(tag, self.node_mac(node, purpose, *parts))
 
     def tenant_key(self, tenant: str) -> bytes:
         """The tenant's (``cache_salt``'s) key: what a fetch proves it knows

@@ -1,4 +1,5 @@
-"""Reading the cluster secret file (``--flatcake-cluster-secret-file``) safely.
+"""Reading the cluster secret file (``--flatcake-cluster-secret-file``) safely, and with the
+same checks a node's key file and the roster (``identity``).
 
 The file is opened relative to its directory's descriptor with ``O_NOFOLLOW | O_NONBLOCK``
 (a symlink is refused, a FIFO cannot block start-up) and every check is made with ``fstat``
@@ -33,12 +34,15 @@ def low_entropy(data: bytes) -> bool:
     return len(counts) < MIN_DISTINCT or bits < MIN_BITS
 
 
-def read_secret_file(path: str) -> bytes:
-    """The secret in ``path`` (a trailing newline dropped) after every check above."""
+def read_secret_file(path: str, label: str = "cluster_secret_file",
+                     most: int = MAX_SECRET_BYTES, public: bool = False) -> bytes:
+    """The secret in ``path`` (a trailing newline dropped) after every check above; errors
+    name it as ``label``.  ``public`` (the roster: a list of public keys) lets group and
+    others read the file and root own it, nothing else; ``most`` bounds its size."""
     path = os.fspath(path)
 
     def bad(why: str) -> ConfigError:
-        return ConfigError(f"cluster_secret_file={path!r} {why}")
+        return ConfigError(f"{label}={path!r} {why}")
     folder = os.path.dirname(os.path.abspath(path))
     try:
         dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -63,14 +67,19 @@ def read_secret_file(path: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise bad("is not a regular file")
-        if st.st_uid != os.getuid():
+        if st.st_uid != os.getuid() and not (public and st.st_uid == 0):
             raise bad(f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})")
-        if st.st_mode & 0o077:
-            raise bad(f"is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
-                      f"chmod 600 it")
-        if st.st_size > MAX_SECRET_BYTES:
-            raise bad(f"holds {st.st_size} bytes: expected at most {MAX_SECRET_BYTES}")
-        data = os.read(fd, MAX_SECRET_BYTES + 1)
+        if st.st_mode & (0o022 if public else 0o077):
+            raise bad(f"is {'writable' if public else 'readable'} by group or others (mode "
+                      f"{stat.S_IMODE(st.st_mode):o}): chmod {'644' if public else '600'} it")
+        if st.st_size > most:
+            raise bad(f"holds {st.st_size} bytes: expected at most {most}")
+        data = b""
+        while len(data) <= most:
+            part = os.read(fd, most + 1 - len(data))
+            if not part:
+                break
+            data += part
     except OSError as e:
         raise bad(f"could not be read: {e.strerror}") from None
     finally:

@@ -1,24 +1,27 @@
 """The owner/requester wire protocol: sealed JSON messages over a ZeroMQ REQ/REP pair, and
 the per-block records a grant carries.
 
-Every message is ``MAC || sender || JSON`` (``seal``): a 16-byte keyed BLAKE2b under the
-*sender's* node key (``ClusterSecret.node_key``: HKDF of the cluster secret and the sender's
-name) over the rest.  ``unseal`` checks the size (``MAX_MESSAGE``) and the MAC *before*
-parsing, then that the JSON's ``from`` is the sender the MAC proves, then the shape, so a peer without the secret gets nothing parsed, and a malformed message is
-an error answer, never a stopped service.  Requests carry a fresh ``nonce`` that the reply
+Every message is ``AUTH || kind || sender node id || JSON``, authenticated by the sender's
+own keys (``identity``), which no other member holds: requests are Ed25519-signed (``seal``),
+replies MAC'd under the X25519 key of the sender and the requester (``seal_to``).
+``unseal_from`` checks the size (``MAX_MESSAGE``) and the signature or MAC *before* parsing,
+then that the JSON's ``from`` is the node that signed it, then the shape, so a peer outside
+the roster gets nothing parsed, and a malformed message is an error answer, never a stopped
+service.  A request names the endpoint it is for (``to``) so it cannot be replayed to
+another owner.  Requests carry a fresh ``nonce`` that the reply
 echoes (``re``), so an old reply cannot stand in for a new one, and ``ts``, the sender's
 clock (``MAX_SKEW_S`` apart at most), so a captured request cannot be replayed later; within
 that window the owner remembers every nonce it admitted (``NonceRecord``), so it cannot be
 replayed sooner either.
 
-- ``fetch {tag, keys, from, proof}`` -> ``{hits, lease, peer, bytes, segments, records, ...}``:
+- ``fetch {tag, keys, from, to, proof}`` -> ``{hits, lease, peer, bytes, segments, records, ...}``:
   ``proof`` (``tenant_proof``) shows the sender knows the tenant's key, not just its tag; the
   owner stages the leading published run of ``keys`` for tenant ``tag`` in a staging slot
   registered with the Transfer Engine for this grant only (``segments``: ``[first block,
   address, bytes]``), and holds it for requester ``from`` until its ack or ``lease_s``.
   ``records`` are the writing node's publish-time records of those blocks (``block_record``),
   not anything computed at serve time.  ``hits == 0`` is a miss (with a ``reason``).
-- ``ack {lease, from}`` -> ``{valid}``: unregisters and frees the slot; only the requester the
+- ``ack {lease, from, to}`` -> ``{valid}``: unregisters and frees the slot; only the requester the
   lease was granted to can ack it; ``valid`` only when the run was stored throughout.
 """
 
@@ -32,7 +35,8 @@ import time
 
 import numpy as np
 
-from .secret import MAC_BYTES, ClusterSecret
+from .identity import SIG_BYTES
+from .secret import ClusterSecret
 
 MAX_MESSAGE = 1 << 20          # bytes a message may have (checked before parsing)
 MAX_SKEW_S = 30.0              # a request's ``ts`` this far from the owner's clock is refused
@@ -41,38 +45,55 @@ MAX_KEYS = 4096                # keys one request may name
 MAX_SENDER = 128               # bytes of a sender's name (its Transfer Engine session)
 MIN_NONCE_CHARS, MAX_NONCE_CHARS = 16, 64
 NONCES_KEPT = 1 << 16          # the owner's record of seen nonces (bounded memory)
+SIGNED, PAIRED = 1, 2          # a message's kind: Ed25519-signed, or MAC'd for one peer
 
 
 class WireError(ValueError):
     """A message that is too large, unauthenticated, or malformed (its text says which)."""
 
 
-def seal(secret: ClusterSecret, msg: dict, sender: str | None = None) -> bytes:
-    """``msg`` as ``sender`` sends it (default: its ``from``): a MAC under the sender's node
-    key (``ClusterSecret.node_mac``), the sender's name (one length byte, then ASCII), then
-    the JSON."""
-    if sender is None:
-        sender = msg.get("from", "") if isinstance(msg, dict) else ""
-    name = sender.encode("ascii")[:MAX_SENDER]
-    body = bytes([len(name)]) + name + json.dumps(msg, separators=(",", ":")).encode()
-    return secret.node_mac(sender, b"msg", body) + body
+def _body(msg: dict, kind: int, sender: int) -> bytes:
+    return bytes([kind]) + sender.to_bytes(2, "little") + json.dumps(
+        msg, separators=(",", ":")).encode()
+
+
+def seal(secret: ClusterSecret, msg: dict) -> bytes:
+    """``msg`` signed by this node (``secret.identity``): its Ed25519 signature, then
+    ``SIGNED``, its node id (2 bytes), the JSON.  Any node can check it against the roster:
+    what requests are (the requester need not know the owner's id)."""
+    me = secret.identity
+    body = _body(msg, SIGNED, me.node)
+    return me.sign(b"msg", body) + body
+
+
+def seal_to(secret: ClusterSecret, msg: dict, peer: int) -> bytes:
+    """``msg`` for node ``peer`` alone: a 16-byte MAC under the pair's X25519 key
+    (``NodeIdentity.pair_mac``), zero-padded to a signature's length, then ``PAIRED``, this
+    node's id, the JSON.  What replies are: cheaper than a signature, and only ``peer`` (and
+    this node) can make or check it."""
+    me = secret.identity
+    body = _body(msg, PAIRED, me.node)
+    return me.pair_mac(peer, b"msg", body).ljust(SIG_BYTES, b"\0") + body
 
 
 def unseal_from(secret: ClusterSecret, raw: bytes,
-                limit: int = MAX_MESSAGE) -> tuple[str, dict]:
-    """``(sender, message)`` of ``raw`` when it is at most ``limit`` bytes, authenticated by
-    the key of the sender it names (checked before parsing), a JSON object, and its ``from``
-    (if any) is that sender; else ``WireError``."""
+                limit: int = MAX_MESSAGE) -> tuple[int, dict]:
+    """``(sender, message)`` of ``raw`` when it is at most ``limit`` bytes, authenticated as
+    coming from the node it names (its signature per the roster, or its MAC under this
+    node's pair key with it; checked before parsing), a JSON object, and its ``from`` (if
+    any) is that node; else ``WireError``."""
     if len(raw) > limit:
         raise WireError(f"message of {len(raw)} bytes: over the {limit}-byte limit")
-    at = MAC_BYTES + 1 + (raw[MAC_BYTES] if len(raw) > MAC_BYTES else 0)
-    try:
-        sender = raw[MAC_BYTES + 1:at].decode("ascii")
-    except UnicodeDecodeError:
-        sender = None
-    if len(raw) <= at or sender is None \
-            or not secret.node_check(raw[:MAC_BYTES], sender, b"msg", raw[MAC_BYTES:]):
-        raise WireError("message not authenticated by the cluster secret")
+    me, at = secret.identity, SIG_BYTES + 3
+    sender = int.from_bytes(raw[SIG_BYTES + 1:at], "little") if len(raw) > at else -1
+    kind = raw[SIG_BYTES] if len(raw) > at else -1
+    if kind == SIGNED:
+        ok = me.verify(sender, raw[:SIG_BYTES], b"msg", raw[SIG_BYTES:])
+    else:
+        ok = kind == PAIRED and not any(raw[16:SIG_BYTES]) \
+            and me.pair_check(sender, raw[:16], b"msg", raw[SIG_BYTES:])
+    if not ok:
+        raise WireError("message not authenticated by a node of the roster")
     try:
         msg = json.loads(raw[at:])
     except (ValueError, RecursionError) as e:
@@ -80,7 +101,7 @@ def unseal_from(secret: ClusterSecret, raw: bytes,
     if not isinstance(msg, dict):
         raise WireError(f"message is a {type(msg).__name__}, not an object")
     if msg.get("from", sender) != sender:
-        raise WireError("message names another sender than the one its MAC proves")
+        raise WireError("message names another sender than the node that signed it")
     return sender, msg
 
 
@@ -163,7 +184,7 @@ def keys_of(msg: dict, most: int = MAX_KEYS) -> list[str]:
     return keys
 
 
-def _request(op: str, sender: str, **fields) -> dict:
+def _request(op: str, sender: int, **fields) -> dict:
     return {"op": op, "from": sender, "nonce": secrets.token_hex(16), "ts": time.time(), **fields}
 
 
@@ -174,7 +195,7 @@ def tenant_proof(tenant_key: bytes, nonce: str) -> str:
                            person=b"tenant-proof").hexdigest()
 
 
-def fetch_request(tag: str, keys: list[str], sender: str, tenant_key: bytes) -> dict:
+def fetch_request(tag: str, keys: list[str], sender: int, tenant_key: bytes) -> dict:
     """Ask for the leading published run of ``keys`` of tenant ``tag`` (``ClusterSecret.tag``),
     with proof of the tenant's key."""
     msg = _request("fetch", sender, tag=tag, keys=keys)
@@ -182,7 +203,7 @@ def fetch_request(tag: str, keys: list[str], sender: str, tenant_key: bytes) -> 
     return msg
 
 
-def ack_request(lease: str, sender: str) -> dict:
+def ack_request(lease: str, sender: int) -> dict:
     """Give a grant's slot back; the reply says whether the run was valid throughout."""
     return _request("ack", sender, lease=lease)
 
@@ -203,9 +224,14 @@ def plan_checksums(plan, n: int, layers: int) -> np.ndarray:
 
 
 def grant_fields(grant: dict, asked: int, block_bytes: int):
-    """``(n, segments, records)`` of a well-formed grant for at most ``asked`` blocks whose
-    segments tile its ``n`` blocks exactly, in order, in whole blocks; else None."""
+    """``(n, segments, records, memory)`` of a well-formed grant for at most ``asked`` blocks
+    whose segments tile its ``n`` blocks exactly, in order, in whole blocks (``memory``: the
+    set of its blocks the owner sealed straight from its host arena, whose records the
+    requester need not check: no disk in between); else None."""
     n, segs, recs = grant.get("hits"), grant.get("segments"), grant.get("records")
+    mem = grant.get("memory", [])
+    if not isinstance(mem, list) or not all(type(i) is int for i in mem):
+        return None
     if type(n) is not int or not 0 < n <= asked or grant.get("bytes") != n * block_bytes \
             or not isinstance(segs, list) or not isinstance(recs, list) or len(recs) != n \
             or not all(isinstance(r, str) for r in recs) \
@@ -219,4 +245,4 @@ def grant_fields(grant: dict, asked: int, block_bytes: int):
         if first != at or nbytes <= 0 or nbytes % block_bytes:
             return None
         at += nbytes // block_bytes
-    return (n, segs, recs) if at == n else None
+    return (n, segs, recs, frozenset(mem)) if at == n else None

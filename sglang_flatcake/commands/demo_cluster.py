@@ -4,8 +4,8 @@
 Starts redis-server (the page directory), a server with no cache at all (the reference) and
 two CPU servers with flatcake, each with its own store, ``--flatcake-node-id 0|1`` and the
 same ``--flatcake-cluster-directory`` and ``--flatcake-cluster-secret-file`` (a fresh random
-secret, mode 600, in the work folder).  Session 1's first two turns and session 2's first
-turn go to node 0; session 1's third turn goes to node 1, which restores the history from
+secret, mode 600, in the work folder), each with its own node key file and the roster of
+both.  Session 1's first two turns and session 2's first turn go to node 0; session 1's third turn goes to node 1, which restores the history from
 node 0 through the Transfer Engine (``remote_storage_tokens``: node 1's storage hits on it;
 ``same_logprobs``: its answer against the reference's).  Then node 0 is SIGKILLed, and node 1
 gets session 2's next turn at once (its owner is dead but may still be listed: a miss within
@@ -81,12 +81,22 @@ def run_nodes(args) -> int:
     secret = work / "cluster.secret"
     with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(os.urandom(32).hex())
+    from ..cluster.identity import roster_line
+    seeds = [os.urandom(32) for _ in range(2)]          # each node's own key (cluster.keygen)
+    for i, seed in enumerate(seeds):
+        with open(os.open(work / f"node{i}.key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                  "w") as f:
+            f.write(seed.hex())
+    with open(os.open(work / "roster", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write("".join(roster_line(i, seed) + "\n" for i, seed in enumerate(seeds)))
     ref = ServerProcess(cpu_server_args(model, "", PAGE, backend="none",
                                         extra=["--disable-radix-cache"]),
                         log_path=str(work / "reference.log"))
     nodes = [ServerProcess(cpu_server_args(model, str(work / f"store{i}"), PAGE, extra=[
         "--enable-metrics", "--flatcake-node-id", str(i), "--flatcake-cluster-directory",
         directory.url, "--flatcake-cluster-secret-file", str(secret),
+        "--flatcake-cluster-node-key-file", str(work / f"node{i}.key"),
+        "--flatcake-cluster-roster-file", str(work / "roster"),
         "--flatcake-remote-timeout-s", str(TIMEOUT_S),
         "--flatcake-recompute-when-faster=false"]),       # the demo is about restores
         log_path=str(work / f"node{i}.log")) for i in range(2)]

@@ -11,10 +11,9 @@ from sglang_flatcake.cluster.redis_directory import RedisDirectory
 from sglang_flatcake.errors import ConfigError
 
 from tests.support import chain, extend
-from tests.support.redis_server import TEST_SECRET
-from sglang_flatcake.cluster.secret import ClusterSecret
+from tests.support.cluster_keys import node_secret
 
-SECRET = ClusterSecret(TEST_SECRET)
+SECRET = node_secret(0)
 
 
 @pytest.fixture
@@ -22,7 +21,7 @@ def make(redis_url):  # noqa: F811
     made = []
 
     def _make(node=None, endpoint=None, **kw):
-        d = RedisDirectory(redis_url, SECRET, **kw)
+        d = RedisDirectory(redis_url, SECRET if node is None else node_secret(node), **kw)
         made.append(d)
         if node is not None:
             d.join(node, endpoint or f"tcp://127.0.0.1:{7000 + node}")

@@ -12,13 +12,12 @@ import pytest
 
 redis = pytest.importorskip("redis", reason="PyPI redis client missing")
 
-from tests.support.redis_server import TEST_SECRET  # noqa: E402
+from tests.support.cluster_keys import node_secret  # noqa: E402
 
 from sglang_flatcake.cluster.owner_main import session_keys  # noqa: E402
 from sglang_flatcake.cluster.redis_directory import RedisDirectory  # noqa: E402
-from sglang_flatcake.cluster.secret import ClusterSecret  # noqa: E402
 
-SECRET = ClusterSecret(TEST_SECRET)
+SECRET = node_secret(1)
 EP = "tcp://127.0.0.1:7001"
 
 

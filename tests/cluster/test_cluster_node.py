@@ -6,6 +6,7 @@ reclaimed sessions and other tenants are misses, never wrong bytes."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -16,6 +17,7 @@ pytest.importorskip("mooncake.engine", reason="Mooncake Transfer Engine not inst
 pytest.importorskip("zmq", reason="pyzmq not installed")
 
 from tests.support import blocks_for, chain, free_port  # noqa: E402
+from tests.support.cluster_keys import write_node_files  # noqa: E402
 
 from sglang_flatcake.cluster.directory import DirectoryError  # noqa: E402
 from sglang_flatcake.cluster.node import ClusterNode  # noqa: E402
@@ -32,9 +34,12 @@ SLACK = 0.75         # thread start-up and scheduling on a loaded 2-core machine
 
 
 def config(url, node, secret, timeout=1.0):
+    """Node ``node``'s config; its key file and the roster beside the secret file."""
+    key, roster = write_node_files(os.path.join(os.path.dirname(secret), "keys"), node)
     return FlatCakeConfig(memory_bytes=8 << 20, ssd_bytes=256 << 20, extent_bytes=1 << 20,
                           io_threads=2, durable=False, node_id=node, cluster_directory=url,
-                          cluster_secret_file=secret, remote_timeout_s=timeout)
+                          cluster_secret_file=secret, cluster_node_key_file=key,
+                          cluster_roster_file=roster, remote_timeout_s=timeout)
 
 
 @pytest.fixture
@@ -199,7 +204,7 @@ def test_direct_flow_with_a_remote_tail_restores_and_counts_it(nodes, monkeypatc
     pytest.importorskip("sglang")
     from tests.support import standin
     from sglang_flatcake.read import device as dv
-    from sglang_flatcake.sglang import direct as dr
+    from sglang_flatcake.sglang.hicache import direct as dr
     monkeypatch.setenv(dv.EMULATE_ENV, emulate)
     (a, sa), (b, sb) = nodes(0), nodes(1)
     keys = chain(N)

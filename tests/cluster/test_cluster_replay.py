@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("mooncake.engine", reason="Mooncake Transfer Engine not installed")
 pytest.importorskip("zmq", reason="pyzmq not installed")
 
-from tests.support.cluster_owner import (attacker, empty, expected, layout, secret,  # noqa: E402,F401
-                                         send_raw, served)
+from tests.support.cluster_owner import (MEMBER, attacker, empty, expected,  # noqa: E402,F401
+                                         layout, secret, send_raw, served)
 
 from sglang_flatcake.cluster import wire  # noqa: E402
 from sglang_flatcake.cluster.requester import RemoteReader  # noqa: E402
@@ -24,11 +24,11 @@ TK = SECRET.tenant_key("")        # tenant "": what a fetch proves it knows
 
 def test_a_captured_request_replayed_within_the_window_is_refused(served):
     engine, svc, _, ssd, _ = served
-    captured = wire.seal(SECRET, wire.fetch_request(SECRET.tag(""), ssd, "victim", TK))
+    captured = wire.seal(SECRET, wire.fetch_request(SECRET.tag(""), ssd, MEMBER, TK))
     first = wire.unseal(SECRET, send_raw(svc.endpoint, captured))
     assert first["hits"] == 8                         # the member's own request
     assert wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(
-        SECRET, wire.ack_request(first["lease"], "victim"))))["valid"]
+        SECRET, wire.ack_request(first["lease"], MEMBER))))["valid"]
     for _ in range(2):                                # the attacker sends the same bytes
         again = wire.unseal(SECRET, send_raw(svc.endpoint, captured))
         assert again.get("hits", 0) == 0 and "replayed" in again["error"], again
@@ -62,7 +62,7 @@ def test_the_nonce_record_is_bounded_and_refuses_what_it_cannot_remember():
 
 def test_short_nonces_are_refused(served):
     _, svc, _, ssd, _ = served
-    msg = wire.fetch_request(SECRET.tag(""), ssd, "m", TK)
+    msg = wire.fetch_request(SECRET.tag(""), ssd, MEMBER, TK)
     msg["nonce"] = "ab"
     rep = wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(SECRET, msg)))
     assert rep.get("hits", 0) == 0 and "nonce" in rep["error"], rep

@@ -55,20 +55,46 @@ def test_a_grant_opens_only_with_its_own_key():
     lay = layout()
     plain = np.random.default_rng(1).integers(
         0, 256, (2, lay.layers, lay.block_layer_bytes), np.uint8)
-    aead = grant_cipher(SECRET, "10.0.0.2:1", "10.0.0.1:1", "ab" * 16)
+    aead = grant_cipher(SECRET, 1, 0, "ab" * 16)           # node 1 asked node 0
     sealed = np.zeros((2, sealed_bytes(lay.block_bytes)), np.uint8)
     for i in range(2):
         seal_block(aead, i, "tag", f"k{i}", plain[i], sealed[i])
     out = np.zeros_like(plain[0])
     assert open_block(aead, 0, "tag", "k0", sealed[0], out)
     np.testing.assert_array_equal(out, plain[0])
-    others = [grant_cipher(SECRET, "10.0.0.3:1", "10.0.0.1:1", "ab" * 16),      # another node
-              grant_cipher(SECRET, "10.0.0.2:1", "10.0.0.1:1", "cd" * 16),      # another request
-              grant_cipher(type(SECRET)(b"another-cluster-secret-9876543210"),
-                           "10.0.0.2:1", "10.0.0.1:1", "ab" * 16)]
+    others = [grant_cipher(SECRET, 1, 2, "ab" * 16),                  # another owner
+              grant_cipher(SECRET, 1, 0, "cd" * 16),                  # another request
+              grant_cipher(secret(2), 2, 0, "ab" * 16)]               # another requester
     assert not any(open_block(o, 0, "tag", "k0", sealed[0], out) for o in others)
     assert not open_block(aead, 1, "tag", "k0", sealed[0], out)     # moved to another place
     assert not open_block(aead, 0, "tag", "k1", sealed[0], out)     # named as another page
     assert not open_block(aead, 0, "other", "k0", sealed[0], out)   # another tenant's
     sealed[1, 5] ^= 1
     assert not open_block(aead, 1, "tag", "k1", sealed[1], out)     # one bit flipped
+
+
+def test_records_are_checked_for_blocks_from_disk_not_from_the_arena(served):
+    """The owner names the blocks it sealed straight from its host arena (``memory``): their
+    AEAD tag covers them from there on, so only disk blocks are hashed against the writer's
+    records (an SSD block corrupt at rest is still a ``checksum`` miss)."""
+    _, svc, _, ssd, mem = served
+    member = Engine("127.0.0.1")
+
+    def spoil(grant):
+        seen.append(list(grant["memory"]))
+        grant["records"][:] = ["00" * 16] * len(grant["records"])
+    try:
+        for keys, tenant, memory, hits in ((mem, "alice", list(range(8)), 8), (ssd, "", [], 0)):
+            seen, out = [], empty(8)
+            r = RemoteReader(member, layout(), SECRET, timeout_s=1.0).fetch(
+                svc.endpoint, tenant, keys, out, on_grant=spoil)
+            assert seen == [memory] and r.hits == hits, (r, seen)
+            assert (out == (expected(keys) if hits else 0)).all()
+        from sglang_flatcake.cluster.wire import grant_fields
+        g = {"hits": 1, "bytes": 1, "segments": [[0, 1, 1]], "records": ["r"], "lease": "l",
+             "peer": "p"}
+        assert grant_fields(g, 1, 1)[3] == frozenset()
+        assert grant_fields({**g, "memory": [0]}, 1, 1)[3] == {0}
+        assert grant_fields({**g, "memory": ["0"]}, 1, 1) is None      # malformed: refused
+    finally:
+        member.close()

@@ -19,7 +19,7 @@ zmq = pytest.importorskip("zmq", reason="pyzmq not installed")
 
 from tests.support.cluster_owner import (OwnerProcess, attacker, empty, expected,  # noqa: E402,F401
                                          send_raw, served)
-from tests.support.redis_server import TEST_SECRET  # noqa: E402
+from tests.support.cluster_keys import OUTSIDER, node_secret  # noqa: E402
 
 from sglang_flatcake.cluster import wire  # noqa: E402
 from sglang_flatcake.cluster.owner_main import session_keys  # noqa: E402
@@ -33,7 +33,7 @@ from sglang_flatcake.layout import KVLayout  # noqa: E402
 from sglang_flatcake.store import FlatCakeStore  # noqa: E402
 
 LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
-SECRET = ClusterSecret(TEST_SECRET)
+SECRET = node_secret(1)           # a member's (node 1); the owner is node 0
 TK = SECRET.tenant_key("")        # tenant "": what a fetch proves it knows
 BOUND = 1.0
 SLACK = 0.75
@@ -101,7 +101,7 @@ def test_a_node_without_the_secret_gets_nothing(served):
     other = Engine("127.0.0.1")
     try:
         out = empty(8)
-        r = RemoteReader(other, LAYOUT, ClusterSecret(b"a-different-secret-entirely-0123456"),
+        r = RemoteReader(other, LAYOUT, node_secret(OUTSIDER),      # a key pair not in the roster
                          timeout_s=BOUND).fetch(svc.endpoint, "", ssd, out)
         assert r.hits == 0 and "not authenticated" in r.reason and not out.any()
         rep = send_raw(svc.endpoint, json.dumps({"op": "fetch", "tenant": "", "keys": ssd}).encode())
@@ -189,12 +189,12 @@ def test_malformed_and_oversized_messages_are_answered_and_the_owner_keeps_servi
     # a member's malformed requests (authenticated, wrong shapes) are answered too
     def n():
         return os.urandom(16).hex()
-    for msg in ([], {"op": "ack", "lease": 1e308, "from": "m", "nonce": n(), "ts": time.time()},
-                {"op": "fetch", "tag": 5, "keys": ssd, "from": "m", "nonce": n(),
+    for msg in ([], {"op": "ack", "lease": 1e308, "from": 1, "nonce": n(), "ts": time.time()},
+                {"op": "fetch", "tag": 5, "keys": ssd, "from": 1, "nonce": n(),
                  "ts": time.time()},
-                {"op": "fetch", "tag": "t", "keys": [[1]], "from": "m", "nonce": n(),
+                {"op": "fetch", "tag": "t", "keys": [[1]], "from": 1, "nonce": n(),
                  "ts": time.time()},
-                {"op": "fetch", "tag": "t", "keys": ssd, "from": "m", "nonce": n(), "ts": 1.0}):
+                {"op": "fetch", "tag": "t", "keys": ssd, "from": 1, "nonce": n(), "ts": 1.0}):
         rep = wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(SECRET, msg)))
         assert rep["error"].startswith("bad request"), msg
     rep = send_raw(svc.endpoint, b"\0" * (2 << 20))          # over the limit: an answer
@@ -218,31 +218,32 @@ def test_an_unexpected_failure_is_answered_and_rolls_the_grant_back(served, monk
         raise RuntimeError("a bug")
     monkeypatch.setattr(owner_mod, "stage_run", broken)
     for _ in range(6):                              # more than the slots: none leaks
-        rep = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "m", TK))
+        rep = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, 1, TK))
         assert rep["error"] == "owner failed: RuntimeError"
     assert svc.held() == 0 and engine.registered_bytes == 0
     assert store.clear() == 2                       # no read lease left pinning a session
 
 
 # ---------------------------------------------------------------- finding 6: grants
-def member_call(svc, msg):
-    return wire.unseal(SECRET, send_raw(svc.endpoint, wire.seal(SECRET, msg)))
+def member_call(svc, msg, secret=SECRET):
+    return wire.unseal(secret, send_raw(svc.endpoint, wire.seal(secret, msg)))
 
 
 def test_leases_are_unguessable_bound_to_their_requester_and_capped_per_peer(served):
     engine, svc, _, ssd, _ = served
-    grants = [member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "greedy", TK))
+    greedy, other = 1, node_secret(2)
+    grants = [member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, greedy, TK))
               for _ in range(3)]
     assert [g["hits"] for g in grants] == [8, 8, 0] and grants[2]["reason"] == "busy"
     assert len(grants[0]["lease"]) == 32 and grants[0]["lease"] != grants[1]["lease"]
-    assert svc.held("greedy") == 2
-    other = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, "other", TK))
-    assert other["hits"] == 8                       # one peer cannot take every slot
-    stolen = member_call(svc, wire.ack_request(grants[0]["lease"], "other"))
+    assert svc.held(greedy) == 2
+    rep = member_call(svc, wire.fetch_request(SECRET.tag(""), ssd, 2, TK), other)
+    assert rep["hits"] == 8                         # one peer cannot take every slot
+    stolen = member_call(svc, wire.ack_request(grants[0]["lease"], 2), other)
     assert stolen == {"valid": False, "reason": "lease expired", "re": stolen["re"]}
-    assert svc.held("greedy") == 2                  # another requester cannot cancel it
-    assert member_call(svc, wire.ack_request(grants[0]["lease"], "greedy"))["valid"]
-    assert svc.held("greedy") == 1
+    assert svc.held(greedy) == 2                    # another requester cannot cancel it
+    assert member_call(svc, wire.ack_request(grants[0]["lease"], greedy))["valid"]
+    assert svc.held(greedy) == 1
 
 
 # ---------------------------------------------------------------- findings 7, 8: stalls
@@ -284,12 +285,12 @@ def test_a_node_id_taken_over_is_not_written_back_and_dead_incarnations_are_purg
     import redis
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = session_keys(10, "d")
-    dead = RedisDirectory(redis_url, SECRET, lease_ms=300)
+    dead = RedisDirectory(redis_url, node_secret(4), lease_ms=300)
     dead.join(4, "tcp://127.0.0.1:7004")
     dead.publish("", "s", keys)
     dead._stop_beat()                                # the process stalls: no leave
     time.sleep(0.5)                                  # its lease lapses
-    new = RedisDirectory(redis_url, SECRET, lease_ms=300)
+    new = RedisDirectory(redis_url, node_secret(4), lease_ms=300)
     try:
         new.join(4, "tcp://127.0.0.1:7104", exclusive=True)
         assert new.purged == 10

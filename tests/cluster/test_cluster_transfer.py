@@ -19,19 +19,18 @@ pytest.importorskip("mooncake.engine", reason="Mooncake Transfer Engine not inst
                     "(pip install mooncake-transfer-engine-non-cuda)")
 pytest.importorskip("zmq", reason="pyzmq not installed")
 
-from tests.support.redis_server import TEST_SECRET  # noqa: E402
+from tests.support.cluster_keys import node_secret, write_node_files  # noqa: E402
 
 from sglang_flatcake.cluster.redis_directory import RedisDirectory  # noqa: E402
 from sglang_flatcake.cluster.owner_main import session_blocks, session_keys  # noqa: E402
 from sglang_flatcake.cluster.requester import RemoteReader as _Reader  # noqa: E402
 from sglang_flatcake.cluster.seal import sealed_bytes  # noqa: E402
-from sglang_flatcake.cluster.secret import ClusterSecret  # noqa: E402
 from sglang_flatcake.cluster.transfer import Engine  # noqa: E402
 from sglang_flatcake.layout import KVLayout  # noqa: E402
 
 LAYOUT = KVLayout.mha(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
 BOUND = 1.0          # the requester's timeout_s
-SECRET = ClusterSecret(TEST_SECRET)
+SECRET = node_secret(1)                  # the requester's (owners are node 0, or --node)
 SB = sealed_bytes(LAYOUT.block_bytes)    # a block on the wire: its ciphertext and tag
 
 
@@ -43,10 +42,13 @@ SLACK = 0.5          # thread start-up and scheduling on a loaded 2-core machine
 class Owner:
     def __init__(self, root, secret, blocks=48, extra=()):
         self.keys = session_keys(blocks, "a")
+        node = int(extra[list(extra).index("--node") + 1]) if "--node" in extra else 0
+        key, roster = write_node_files(f"{root}-keys", node)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_flatcake.cluster.owner_main", "--root", str(root),
-             "--blocks", str(blocks), "--secret-file", secret, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True)
+             "--blocks", str(blocks), "--secret-file", secret, "--node-key-file", key,
+             "--roster-file", roster, *(() if "--node" in extra else ("--node", "0")), *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"owner process exited with {self.proc.wait()}")
@@ -178,7 +180,7 @@ def test_found_through_the_directory(engine, owner, redis_url):  # noqa: F811
 
 
 def test_tenants_apart_on_the_owner(engine, owner, redis_url):  # noqa: F811
-    o = owner(extra=("--redis", redis_url, "--node", "1", "--tenant", "a"))
+    o = owner(extra=("--redis", redis_url, "--node", "3", "--tenant", "a"))
     out = empty(48)
     r = RemoteReader(engine, LAYOUT, timeout_s=BOUND).fetch(o.endpoint, "b", o.keys, out)
     assert (r.hits, r.reason) == (0, "not published")
@@ -321,7 +323,7 @@ def test_owner_store_closed_is_a_miss_and_the_service_keeps_serving(engine, tmp_
     store = FlatCakeStore(tmp_path / "s", LAYOUT, FlatCakeConfig(memory_bytes=0, durable=False))
     keys = session_keys(8, "a")
     store.put(keys, session_blocks(LAYOUT.block_bytes, keys))
-    svc = OwnerService(store, engine, SECRET, slot_blocks=8)
+    svc = OwnerService(store, engine, node_secret(0), slot_blocks=8)
     try:
         svc.publish("", "s", keys)
         reader = RemoteReader(engine, LAYOUT, timeout_s=BOUND)
