@@ -207,7 +207,7 @@ def _fence(torch, which: str, mutate: bool, workdir: str) -> dict:
     ``load`` (the destination is poisoned late); ``mutate`` removes the fence.  The
     scheduler side runs on a stream of its own: kvikio's compatibility-mode copies are
     ordered after the legacy default stream, which would hide a missing load fence there."""
-    from sglang_flatcake.sglang import linker as lk
+    from sglang_flatcake.sglang.linker import linker as lk
     root = tempfile.mkdtemp(prefix="fence-", dir=workdir)
     rig = Rig(torch, "mha", 8, 128, "cuda", root)
     event = lk._event

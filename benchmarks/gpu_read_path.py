@@ -240,7 +240,7 @@ def direct_flow(dev, torch, workdir) -> dict:
     if torch is None:
         return {"skipped": "torch missing (the stand-in scheduler allocates torch slots)"}
     stubbed = standin.stub_sglang()
-    from sglang_flatcake.sglang.direct import DirectRestorer, Flow
+    from sglang_flatcake.sglang.hicache.direct import DirectRestorer, Flow
     lay, heads, dim = LAYOUTS["mha_bf16"]
     root = tempfile.mkdtemp(prefix="direct-", dir=workdir)
     st, keys, data = _store(root, lay)

@@ -4,6 +4,7 @@
         (a flatcake backend may carry settings: flatcake@publish_wait_ms=0)
         [--max-requests 20] [--max-blocks 24] [--max-output 16] [--slowdown 1.0]
         [--load cpu,disk] [--rounds 3] [--json OUT] [--table OUT.md] [--work-dir DIR]
+        [--timeline DIR]
     python benchmarks/sglang_clients.py --from-raw DIR [--json OUT] [--table OUT.md]
 
 For each backend (``none``: no cache beyond the device; ``file`` and ``flatcake``:
@@ -36,7 +37,10 @@ round with the median mean TTFT, every round's figures beside.  Prints one JSON 
 (ratios to ``none``; pass 2's is the median over rounds of the within-round ratio) and
 writes ``--json`` and a markdown ``--table``.  Every client's raw output is kept in the
 work directory; ``--from-raw DIR`` summarises such a directory again without running
-anything.
+anything.  ``--timeline DIR``: every server writes its per-request timeline
+(``--flatcake-timeline``), cut per pass into ``DIR/{backend}_pass1.jsonl`` and
+``DIR/{backend}_pass2_r{r}.jsonl``, each flatcake backend's lined up with ``none``'s by
+``benchmarks/timeline_diff.py`` into ``DIR/diff.json``.
 """
 
 from __future__ import annotations
@@ -204,9 +208,10 @@ class Servers:
             store = self.store(b)
             store.mkdir(parents=True, exist_ok=True)
             base, settings = variant(b)
+            tl = ["--flatcake-timeline", str(self.timeline(b))] if self.a.timeline else []
             args = cpu_server_args(self.model, str(store), self.a.page, backend=base,
                                    max_total_tokens=self.a.max_total_tokens,
-                                   extra_config=settings or None)
+                                   extra_config=settings or None, extra=tl)
             t0 = time.monotonic()
             s = ServerProcess(args, log_path=str(self.work / f"{b}_server.log"))
             self.servers[b] = s
@@ -218,17 +223,27 @@ class Servers:
     def store(self, b: str) -> Path:
         return self.work / f"store-{b}"
 
-    def turn(self, b: str, what, label: str) -> None:
+    def timeline(self, b: str) -> Path:
+        return Path(self.a.timeline).resolve() / f"{b}.server.jsonl"
+
+    def turn(self, b: str, what, label: str, cut: str | None = None) -> None:
         """Resume ``b``'s server, flush its device and host caches, run ``what(url)``, wait
-        for its writes to land, pause it again; report ``label`` done."""
+        for its writes to land, pause it again; report ``label`` done.  With ``--timeline``
+        the timeline lines of the pass go to ``{b}_{cut}.jsonl`` beside the server's file."""
         from sglang_flatcake.commands.server_calls import flush
         s = self.servers[b]
         s.resume()
         try:
             flush(s, timeout=self.a.timeout)
+            tl = self.timeline(b) if self.a.timeline and cut else None
+            at = tl.stat().st_size if tl is not None and tl.exists() else 0
             what(s.url)
             if not settle(self.store(b)):
                 print(f"[{b}] store still growing after 60 s; pausing anyway", file=sys.stderr)
+            if tl is not None and tl.exists():
+                with open(tl, "rb") as f:
+                    f.seek(at)
+                    (tl.parent / f"{b}_{cut}.jsonl").write_bytes(f.read())
         finally:
             s.pause()
         print(f"[{b}] {label} done", file=sys.stderr)
@@ -253,11 +268,12 @@ def run_all(backends: list[str], model: str, work: Path, a, trace: Path, n: int,
                 return lambda url: bench_serving(url, model, trace, n, a.slowdown, out,
                                                  a.timeout)
             for b in backends:
-                servers.turn(b, serve(work / f"{b}_pass1.jsonl"), "pass 1")
+                servers.turn(b, serve(work / f"{b}_pass1.jsonl"), "pass 1", "pass1")
             for r in range(1, a.rounds + 1):
                 k = (r - 1) % len(backends)
                 for b in backends[k:] + backends[:k]:
-                    servers.turn(b, serve(work / f"{b}_pass2_r{r}.jsonl"), f"pass 2, round {r}")
+                    servers.turn(b, serve(work / f"{b}_pass2_r{r}.jsonl"), f"pass 2, round {r}",
+                                 f"pass2_r{r}")
             for b in backends:
                 servers.turn(b, lambda url, b=b: multiturn(
                     url, model, data, a.mt_clients, a.mt_rounds, a.mt_length,
@@ -266,6 +282,23 @@ def run_all(backends: list[str], model: str, work: Path, a, trace: Path, n: int,
             stop_load(load)
     finally:
         servers.stop()
+
+
+def diff_timelines(d: Path, backends: list[str], rounds: int) -> None:
+    """Each flatcake backend's pass timelines against ``none``'s (``timeline_diff``), into
+    ``d/diff.json``; the tables are printed."""
+    if "none" not in backends:
+        return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timeline_diff import compare, table
+    out = {}
+    for b in [b for b in backends if b != "none"]:
+        for cut in ["pass1", *(f"pass2_r{r}" for r in range(1, rounds + 1))]:
+            base, mode = d / f"none_{cut}.jsonl", d / f"{b}_{cut}.jsonl"
+            if base.exists() and mode.exists():
+                out[f"{b}_{cut}"] = r = compare(base, mode)
+                print(f"\n### {b}, {cut}\n\n{table(r)}", file=sys.stderr)
+    (d / "diff.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
 # -- summary -----------------------------------------------------------------------------
@@ -397,13 +430,16 @@ def variant(name: str) -> tuple[str, dict]:
     return base, settings
 
 
-def backends_arg(text: str) -> list[str]:
+def backends_arg(text: str, known: tuple[str, ...] = BACKENDS,
+                 distinct: bool = False) -> list[str]:
+    """``--backends``: names of ``known`` (each once if ``distinct``), a flatcake one with
+    @setting=value+..."""
     names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in names if x.partition("@")[0] not in BACKENDS]
-    if bad or not names:
+    bad = [x for x in names if x.partition("@")[0] not in known]
+    if bad or not names or (distinct and len(set(names)) != len(names)):
         raise argparse.ArgumentTypeError(f"--backends={text!r}: expected a comma list of "
-                                         f"{', '.join(BACKENDS)} (a flatcake one may add "
-                                         "@setting=value+...)")
+                                         f"{'distinct ' * distinct}{', '.join(known)} (a flatcake "
+                                         "one may add @setting=value+...)")
     for x in names:
         try:
             variant(x)
@@ -442,6 +478,8 @@ def main(argv=None) -> int:
     ap.add_argument("--from-raw", default=None, help="summarise a kept work directory")
     ap.add_argument("--json", default=None)
     ap.add_argument("--table", default=None)
+    ap.add_argument("--timeline", default=None, metavar="DIR",
+                    help="servers write per-request timelines here, cut per pass and diffed")
     a = ap.parse_args(argv)
     for name in ("max_requests", "max_blocks", "max_output", "cpu_procs", "mt_clients",
                  "mt_rounds", "mt_length", "rounds"):
@@ -472,8 +510,12 @@ def main(argv=None) -> int:
                    "cpus": os.cpu_count()}
         (work / "config.json").write_text(json.dumps(config))
         print(json.dumps({"config": config}), flush=True)
+        if a.timeline:
+            Path(a.timeline).mkdir(parents=True, exist_ok=True)
         run_all(a.backends, model, work, a, trace, n, data)
         backends = a.backends
+        if a.timeline:
+            diff_timelines(Path(a.timeline), backends, a.rounds)
     try:
         result = {"config": config, **summarize(work, backends)}
     except (ValueError, KeyError) as e:

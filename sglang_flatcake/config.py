@@ -33,6 +33,12 @@ def default_store_dir() -> str:
     return os.path.join(base, "sglang-flatcake")
 
 
+def setting_name(key: Any) -> str:
+    """The setting a key names: ``-`` read as ``_``, a ``flatcake_`` prefix dropped."""
+    key = str(key).replace("-", "_")
+    return key[len("flatcake_"):] if key.startswith("flatcake_") else key
+
+
 def _names_are_disjoint(groups: Mapping[str, type]) -> None:
     """``TypeError`` if two parts declare one setting (the flat config would keep only one)."""
     seen: dict[str, str] = {}
@@ -123,9 +129,7 @@ class FlatCakeConfig(ClusterConfig, SchedConfig, IOConfig, MediaConfig, Placemen
         known = {f.name: f for f in fields(cls)}
         kwargs: dict[str, Any] = {}
         for raw_key, value in values.items():
-            key = str(raw_key).replace("-", "_")
-            if key.startswith("flatcake_"):
-                key = key[len("flatcake_"):]
+            key = setting_name(raw_key)
             if key not in known:
                 raise ConfigError(
                     f"unknown setting {raw_key!r}; known: {', '.join(sorted(known))}")

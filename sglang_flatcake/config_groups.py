@@ -150,7 +150,7 @@ class IOConfig:
 @dataclass(frozen=True)
 class SchedConfig:
     """The scheduler: the ready and SSD-preparing queues, the prefetch budget, and restore or
-    recompute at admission (``sched/``, ``sglang/scheduling.py``)."""
+    recompute at admission (``sched/``, ``sglang/hicache/scheduling.py``)."""
 
     single_queue: bool = setting(
         False, "ablation: one first-come first-served queue instead of FlatCake's ready and "
@@ -172,6 +172,17 @@ class SchedConfig:
               "restore (disk backlog included, measured restore rate) would end later than "
               "recomputing those tokens (prefill backlog included, measured prefill rate); "
               "memory hits are kept")
+    late_drop: bool = setting(
+        False, "HiCache mode: drop a picked restore still waiting for device slots past the time "
+               "recomputing it would take, and prefill its request instead (measured 2026-12-07: "
+               "the dropped requests then waited 2-9 s more for admission, pass 2 1.5-6.2x no "
+               "cache's mean against 0.39x without it; off by default)")
+    timeline: str = setting(
+        "", "append each request's timeline (arrival, lookup, restore-or-recompute decision "
+            "and its inputs, restore, publish, first forward, first token) to this file as "
+            "JSON lines, with or without a flatcake mode (benchmarks/timeline_diff.py reads "
+            "it); the flag only; default: off, no per-request work",
+        allowed="a path", ok=_no_nul)
 
     def __post_init__(self) -> None:
         SchedConfig.check(self)
@@ -198,6 +209,16 @@ class ClusterConfig:
             "--flatcake-cluster-directory): every message, grant and directory entry between "
             "nodes is authenticated with it", allowed="a path, or empty",
         ok=lambda v: "\0" not in v)
+    cluster_node_key_file: str = setting(
+        "", "file holding this node's own key (mode 600; required with "
+            "--flatcake-cluster-directory; made by `python -m sglang_flatcake.cluster.keygen`): "
+            "what signs its directory entries and requests and opens its grants",
+        allowed="a path, or empty", ok=lambda v: "\0" not in v)
+    cluster_roster_file: str = setting(
+        "", "the operator's list of every node's public keys (`<node id> <ed25519> <x25519>` "
+            "per line; writable by its owner only; required with --flatcake-cluster-directory): "
+            "a node not in it, or signing as another, is not believed",
+        allowed="a path, or empty", ok=lambda v: "\0" not in v)
     cluster_bind: str = setting(
         "127.0.0.1", "IP address the owner service binds to and the Transfer Engine announces: "
                      "the interface other nodes reach (cluster only; Mooncake 0.3.13's engine "

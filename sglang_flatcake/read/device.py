@@ -1,7 +1,7 @@
 """Device memory, streams, events and kernel launches: CUDA, or the same on the host.
 
 The device branch of the read path (``window``, ``scatter``, ``checksum``,
-``sglang.direct``) calls only the methods of ``Device``.  Two implementations:
+``sglang.hicache.direct``) calls only the methods of ``Device``.  Two implementations:
 
 - ``CudaDevice``: each method is one call into CuPy (the only lines of the read
   path that need a GPU; ``tests/project/gpu_only_lines.txt`` lists them);

@@ -19,6 +19,9 @@ an I/O error makes every lease a miss (``Restored.error`` says why).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +35,20 @@ from .planner import plan_reads
 from .scatter import scatter_layer, warm_up
 from .slot_copy import blocks_to_slots, check_slots
 from .window import LayerWindow, RestoreStats
+
+log = logging.getLogger("sglang_flatcake")
+# A test hook of both modes (never set in production): seconds of extra delay per MiB of SSD
+# bytes restored (``SlotRestorer.ssd_delay``; the caller sleeps it, as a slower disk would).
+DELAY_ENV = "FLATCAKE_TEST_SSD_DELAY_S_PER_MIB"
+
+
+@functools.lru_cache(maxsize=None)
+def ssd_delay(raw: str) -> float:
+    """``DELAY_ENV``'s value ``raw`` in seconds per MiB; warned once per value when set."""
+    delay = float(raw or 0)
+    if delay:
+        log.warning("flatcake: %s=%s slows every SSD restore (a test hook)", DELAY_ENV, delay)
+    return delay
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,7 @@ class SlotRestorer:
         self.window = window
         self.name = name
         self._worker: ThreadPoolExecutor | None = None
+        self.ssd_delay = ssd_delay(os.environ.get(DELAY_ENV, ""))   # s per MiB (a test hook)
 
     # -- the worker --------------------------------------------------------------------
     def _on_worker(self) -> None:

@@ -1,6 +1,7 @@
 """The SGLang adapter: the only part of the package that imports sglang.
 
-``plugin.py`` is the ``sglang.srt.plugins`` entry point; ``backend.py`` is the
-HiCache storage backend; ``cpu.py`` makes HiCache run on a CPU server;
-``signals.py`` carries write-time signals from the radix tree to placement.
+``plugin.py`` is the ``sglang.srt.plugins`` entry point; ``hicache/`` is HiCache mode (the
+storage backend and its scheduling hooks); ``linker/`` is linker mode (``FlatCakeLinker``);
+what both modes use sits here once (``rank_store``, ``hooks``/``hook_table``, ``metrics``,
+``counters``, ``write_once``, ``cpu``).
 """

@@ -1,8 +1,8 @@
 """Named integer counters shared between threads: every change and every read under one lock.
 
 Both modes use it (``FlatCakeStorage``'s host pool and write-once counts, the signal board,
-the linker's loader and offloader); a reader on another thread takes ``snapshot()``, never
-the dict itself.
+the linker's loader, offloader, lookups and admission); a reader on another thread takes
+``snapshot()``, never the dict itself.
 """
 
 from __future__ import annotations

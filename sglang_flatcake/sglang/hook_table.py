@@ -20,7 +20,8 @@ SGLANG_VERSION = "0.5.23"           # the release the table was written against
 #   hicache: `--hicache-storage-backend flatcake`
 #   linker:  `FlatCakeLinker` as SGLang's external linker
 #   cpu:     HiCache (any backend) on a server without an accelerator
-MODES: tuple[str, ...] = ("cli", "hicache", "linker", "cpu")
+#   timeline: `--flatcake-timeline PATH`, with or without flatcake (``timeline.py``)
+MODES: tuple[str, ...] = ("cli", "hicache", "linker", "cpu", "timeline")
 
 
 @dataclass(frozen=True)
@@ -67,37 +68,37 @@ HOOKS: tuple[Hook, ...] = (
          ("self", "storage_backend", "prefetch_threshold", "model_name",
           "storage_backend_extra_config"),
          "selects the zero-copy v1 calls (SGLang's v1 list is hard-coded)", "hicache"),
-    Hook(_CC + "_page_backup", "around", "signals:_page_backup_around", ("self", "operation"),
+    Hook(_CC + "_page_backup", "around", "hicache.signals:_page_backup_around", ("self", "operation"),
          "marks the batches of one backup operation (one turn)", "hicache"),
-    Hook(_URC + "write_backup_storage", "around", "signals:_write_backup_storage_around",
+    Hook(_URC + "write_backup_storage", "around", "hicache.signals:_write_backup_storage_around",
          ("self", "node_id"),
          "posts the radix node's path and reference count for placement; skips a node "
          "whose pages are all stored already (write once)", "hicache"),
-    Hook(_URC + "_execute_and_commit_kv_backup", "around", "signals:_execute_backup_around",
+    Hook(_URC + "_execute_and_commit_kv_backup", "around", "hicache.signals:_execute_backup_around",
          ("self", "action", "write_back"),
          "remembers the SGLang session of the insert that backs the nodes up", "hicache"),
     Hook("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController."
-         "write_storage", "around", "signals:_write_storage_around",
+         "write_storage", "around", "hicache.signals:_write_storage_around",
          ("self", "host_indices", "token_ids", "hash_value", "prefix_keys", "extra_pools"),
          "where the node's page keys are known: files the posted signals under them",
          "hicache"),
-    Hook(_SCH + "_prefetch_kvcache", "around", "scheduling:_prefetch_around",
+    Hook(_SCH + "_prefetch_kvcache", "around", "hicache.scheduling:_prefetch_around",
          ("self", "req", "storage_hit_end"),
          "at arrival, looks up the stored span and classifies the request (ready or "
          "SSD-preparing) instead of SGLang's storage -> host-pool prefetch", "hicache"),
-    Hook(_SCH + "_get_new_batch_prefill_raw", "before", "scheduling:_prefill_before",
+    Hook(_SCH + "_get_new_batch_prefill_raw", "before", "hicache.scheduling:_prefill_before",
          ("self", "prefill_delayer_single_pass", "running_batch"),
          "once per step: starts prefetches in priority order (direct restore into device KV "
          "slots), publishes finished ones into the radix tree", "hicache"),
-    Hook(_URC + "check_prefetch_progress", "around", "scheduling:_progress_around",
+    Hook(_URC + "check_prefetch_progress", "around", "hicache.scheduling:_progress_around",
          ("self", "request"),
          "the admission gate: an unpublished restore (or, with `--flatcake-single-queue`, an "
          "earlier unready arrival) keeps the request waiting in place", "hicache"),
-    Hook(_SP + "SchedulePolicy.calc_priority", "after", "linker_admission:_calc_priority_after",
+    Hook(_SP + "SchedulePolicy.calc_priority", "after", "linker.admission:_calc_priority_after",
          ("self", "waiting_queue", "running_batch", "processed_tokens"),
          "linker mode (`FlatCakeLinker` only): ready requests and aged SSD requests first, "
          "SSD requests not yet at their deadline after them (no-op otherwise)", "linker"),
-    Hook(_SP + "PrefillAdder.add_one_req", "around", "linker_admission:_add_one_req_around",
+    Hook(_SP + "PrefillAdder.add_one_req", "around", "linker.admission:_add_one_req_around",
          ("self", "req", "has_chunked_req", "truncation_align_size"),
          "linker mode (`FlatCakeLinker` only): a batch holds ready or SSD-restoring requests, "
          "never both; a new SSD request is held briefly so ready ones sent with it go first "
@@ -112,6 +113,15 @@ HOOKS: tuple[Hook, ...] = (
     Hook("sglang.srt.arg_groups.hicache_hook.resolve_layout_io_compatibility", "around",
          "cpu:_resolve_io_around", ("server_args",),
          "`--device cpu` resolves the HiCache I/O backend to `direct`", "cpu"),
+    Hook(_SCH + "handle_generate_request", "before", "timeline:_arrival_before",
+         ("self", "recv_req", "mm_input_error"),
+         "`--flatcake-timeline`: marks the request's arrival (prompt hash, size)", "timeline"),
+    Hook(_SCH + "run_batch", "before", "timeline:_run_batch_before",
+         ("self", "batch", "pp_proxy_tensors"),
+         "`--flatcake-timeline`: marks each request's first prefill forward", "timeline"),
+    Hook(_SCH + "process_batch_result", "after", "timeline:_result_after",
+         ("self", "batch", "result"),
+         "`--flatcake-timeline`: marks each request's first token", "timeline"),
 )
 
 @dataclass(frozen=True)
@@ -171,7 +181,7 @@ READS: tuple[Reads, ...] = (
           ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth"), "hicache"),
     Reads("sglang.srt.mem_cache.storage.backend_factory.StorageBackendFactory",
           ("register_backend",), "hicache"),
-    # the direct external linker (linker*.py) and its admission (linker_admission.py)
+    # the direct external linker (linker/) and its admission (linker/admission.py)
     Reads(_URC_, ("linker",), "linker"),
     Reads(_REQ_, ("rid", "host_hit_length"), "linker"),
     Reads("sglang.srt.managers.schedule_policy.PrefillAdder", ("tree_cache", "can_run_list"),
@@ -188,6 +198,13 @@ READS: tuple[Reads, ...] = (
     # HiCache on a CPU server (cpu.py)
     Reads(_SA_, ("device", "hicache_io_backend", "hicache_mem_layout"), "cpu"),
     Reads("sglang.srt.arg_groups.hicache_hook", ("declare_resolution", "resolving_view"), "cpu"),
+    # the per-request timeline (timeline.py)
+    Reads(_REQ_, ("rid", "output_ids", "prefix_len"), "timeline"),
+    Reads("sglang.srt.managers.io_struct.TokenizedGenerateReqInput", ("rid", "input_ids"),
+          "timeline"),
+    Reads("sglang.srt.managers.schedule_batch.ScheduleBatch",
+          ("reqs", "forward_mode", "extend_num_tokens"), "timeline"),
+    Reads("sglang.srt.managers.scheduler.Scheduler", ("waiting_queue",), "timeline"),
 )
 
 
@@ -245,11 +262,11 @@ PRIVATE: tuple[Reach, ...] = (
     Reach("_page_get_zero_copy", "plugin:_attach_after",
           "SGLang selects the v1 calls from a hard-coded name list"),
     Reach("_page_set_zero_copy", "plugin:_attach_after", "as above"),
-    Reach("_backend", "signals:flatcake_backend",
+    Reach("_backend", "hicache.signals:flatcake_backend",
           "SGLang's HiCacheStorageFailureInjector wraps the backend and exposes no accessor"),
     Reach("_all_reduce", "write_once:WriteOnce.skip",
           "the tree's own TP/PP reduction, so every rank skips the same nodes"),
-    Reach("_compute_max_prefix_len", "direct:DirectRestorer.lookup",
+    Reach("_compute_max_prefix_len", "hicache.direct:DirectRestorer.lookup",
           "the longest prefix a request may reuse (owned by direct.py)"),
     Reach("_actions", "plugin:_add_cli_args_after",
           "argparse's, not SGLang's: a parser has no public list of its actions"),
@@ -265,7 +282,7 @@ WRITES: tuple[tuple[str, str, str], ...] = (
      "the zero-copy v1 calls"),
     ("cpu:bind_cpu_transfer_ops", "`transfer_kv_*` globals of `pool_host.mha`/`pool_host.mla`",
      "torch-native ops where SGLang binds none (CPU only)"),
-    ("direct:DirectRestorer.finish", "`tree.prefetch_loaded_tokens_by_reqid`, "
+    ("hicache.direct:DirectRestorer.finish", "`tree.prefetch_loaded_tokens_by_reqid`, "
      "`tree.prefetch_loaded_storage_start_by_reqid`",
      "SGLang's storage-hit accounting (`cached_tokens_details.storage`)"),
 )
@@ -277,12 +294,12 @@ KEPT_DEFAULTS: tuple[tuple[str, str, str], ...] = (
     ("plugin:flatcake_settings", "getattr(args, 'flatcake_' + f.name, None)",
      "`args` parsed without the flatcake flags (SGLang built the parser without the plugin): "
      "then no `--flatcake-*` flag was given, which is what None says"),
-    ("direct:DirectRestorer.supported", "getattr(scheduler, 'disaggregation_mode', None)",
+    ("hicache.direct:DirectRestorer.supported", "getattr(scheduler, 'disaggregation_mode', None)",
      "in direct.py (owned elsewhere; its test fakes omit the member); a rename stops the "
      "launch first (`Scheduler.disaggregation_mode` in MEMBERS)"),
-    ("direct:DirectRestorer.supported", "getattr(mode, 'name', str(mode))",
+    ("hicache.direct:DirectRestorer.supported", "getattr(mode, 'name', str(mode))",
      "the mode is SGLang's `DisaggregationMode` enum, which always has a name"),
-    ("linker_admission:admission_of", "getattr(tree_cache.linker.cache_linker, 'admission', None)",
+    ("linker.admission:admission_of", "getattr(tree_cache.linker.cache_linker, 'admission', None)",
      "another linker (SGLang's mooncake or mori, or a user's) has no `admission`; None says "
      "the admission hooks leave it alone; a FlatCakeLinker's is checked by its type"),
 )

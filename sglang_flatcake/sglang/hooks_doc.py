@@ -67,7 +67,7 @@ def render_doc() -> str:
         lines.append(f"| `{where}` | {what} | {why} |")
     lines += ["", "The backend itself is registered with the public "
               "`StorageBackendFactory.register_backend(\"flatcake\", "
-              "\"sglang_flatcake.sglang.backend\", \"FlatCakeStorage\")`.", ""]
+              "\"sglang_flatcake.sglang.hicache.backend\", \"FlatCakeStorage\")`.", ""]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ through ``MODES_ENV``, in every process the launcher starts.  Before a mode's ho
 registered, ``hooks.start`` compares exactly its targets and the SGLang members it reads with
 the installed SGLang and stops on a mismatch.  The table of hooks, with why each exists, is
 ``docs/sglang-hooks.md`` (generated from ``hook_table``).  This module holds the hooks on the command line (``ServerArgs``), the
-backend factory and the controller's attach; ``signals.py``, ``scheduling.py`` and ``cpu.py``
+backend factory and the controller's attach; ``hicache/signals.py``, ``hicache/scheduling.py`` and ``cpu.py``
 hold the others.
 """
 
@@ -109,13 +109,13 @@ def merged_extra_config(backend: str | None, extra_json: str | None, flags: dict
                          prefetch_timeout_per_ki_token=parsed[3])
         else:
             extra = json.loads(extra_json)
-    from .backend import config_from_extra
+    from .hicache.backend import config_from_extra
     from .rank_store import check_writable, store_root
     merged = {**extra, **flags}
     cfg, rest = config_from_extra(merged)       # raises ConfigError naming the flag
     check_writable(store_root(cfg, rest))       # stop the launch now, not in the cache factory
     merged["hicache_storage_pass_prefix_keys"] = True
-    from .backend import MODEL_KEYS
+    from .hicache.backend import MODEL_KEYS
     merged.update({k: v for k, v in zip(MODEL_KEYS, model) if v})
     return json.dumps(merged)
 
@@ -126,7 +126,7 @@ def modes_of(args) -> tuple[str, ...]:
     HiCache without an accelerator; ``cli`` always.  ``AcceleratorProbeError`` when the
     probe for the last cannot answer."""
     from .cpu import accelerator_present
-    from .linker_config import runs_flatcake_linker
+    from .linker.config import runs_flatcake_linker
     modes = ["cli"]
     if args.hicache_storage_backend == BACKEND:
         modes.append("hicache")
@@ -140,11 +140,16 @@ def modes_of(args) -> tuple[str, ...]:
 def _from_cli_args_around(original, cls, args, *a, **kw):
     from .cpu import AcceleratorProbeError
     try:
-        from .linker_config import take_linker_flags      # linker mode: the flags are its own
+        from .linker.config import take_linker_flags      # linker mode: the flags are its own
         modes = modes_of(args)
+        flags = flatcake_settings(args)
+        if flags.get("timeline"):           # any server, flatcake or not: not a store setting
+            from . import timeline
+            timeline.enable(flags.pop("timeline"))
+            modes += ("timeline",)
         args.hicache_storage_backend_extra_config = merged_extra_config(
             args.hicache_storage_backend, args.hicache_storage_backend_extra_config,
-            take_linker_flags(args, flatcake_settings(args)), (args.model_path, args.revision))
+            take_linker_flags(args, flags), (args.model_path, args.revision))
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -184,7 +189,7 @@ def start(modes: tuple[str, ...]) -> None:
     hooks.start(tuple(modes), HookRegistry, HookType, _started)
     if "hicache" in modes:
         from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-        StorageBackendFactory.register_backend(BACKEND, "sglang_flatcake.sglang.backend",
+        StorageBackendFactory.register_backend(BACKEND, "sglang_flatcake.sglang.hicache.backend",
                                                "FlatCakeStorage")
     os.environ[MODES_ENV] = ",".join(modes)
     HookRegistry.apply_hooks()         # idempotent: targets patched already are skipped

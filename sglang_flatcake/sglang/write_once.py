@@ -1,23 +1,12 @@
 """Write once: a page flatcake already holds is not put to storage again.
 
-Why flatcake backed up about 1.8x the tokens mooncake did: a direct restore
-(``direct.py``) puts stored pages straight into device KV slots and inserts them
-into the radix tree as *device* nodes with no host copy.  SGLang's write-through
-then treats them as new: the next insert that walks or extends them backs them
-up to the host pool (its ``BackupKV`` chain takes every unbacked ancestor), and
-each host ack calls ``write_backup_storage``, which sends the whole node to the
-backend again.  Mooncake's pages come back through SGLang's own prefetch
-(storage -> host -> device) and are inserted host-backed, so they are never
-written to storage twice.
-
-``WriteOnce.skip`` is asked by the ``write_backup_storage`` hook
-(``signals.py``): when every page of the node is already in this rank's store
-(and, with several TP ranks, in every rank's), the storage write is skipped, so
-a restored page costs no second put and no gather from the host pool.  The
-device -> host copy of the write-through stays: SGLang's tree deletes an
-unbacked device node on eviction even when host-backed children hang below it,
-so every ancestor of a host-backed node must itself be host-backed (that copy is
-the one mooncake makes as its storage -> host transfer).
+A direct restore (``hicache.direct``) inserts stored pages into the radix tree as device nodes
+with no host copy, so SGLang's write-through backs them up again at the next insert that walks
+them, and each host ack sends the whole node to the backend (``write_backup_storage``).
+``WriteOnce.skip``, asked by that hook (``hicache.signals``), skips the storage write when every
+page of the node is stored (``stored_run``) on every rank; linker mode's offload skips stored
+pages the same way.  The device -> host copy stays: SGLang deletes an unbacked device node on
+eviction even with host-backed children below it.  Effect measured: docs/results.md.
 """
 
 from __future__ import annotations
@@ -25,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from .counters import Counters
+from .stored_run import stored_run
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -40,7 +30,7 @@ class WriteOnce:
         (the answer is MIN-reduced over TP/PP with the tree's own ``_all_reduce``)."""
         spec = cache.tree_core.build_storage_backup_spec(node_id, False)
         keys = list(spec.hash_value or []) if spec is not None else []
-        mine = bool(keys) and store.exists(keys) == len(keys)
+        mine = bool(keys) and stored_run(store, keys).pages == len(keys)
         if cache.tp_world_size > 1 or cache.pp_size > 1:
             import torch
             t = torch.tensor([1 if mine else 0], dtype=torch.int)

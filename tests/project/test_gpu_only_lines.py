@@ -31,13 +31,14 @@ READ_PATH = ["sglang_flatcake/read/window.py", "sglang_flatcake/read/window_run.
              "sglang_flatcake/read/slot_copy.py",
              "sglang_flatcake/read/scatter.py", "sglang_flatcake/read/checksum.py",
              "sglang_flatcake/read/device.py", "sglang_flatcake/read/read_lease.py",
-             "sglang_flatcake/sglang/direct.py"]
+             "sglang_flatcake/sglang/hicache/direct.py", "sglang_flatcake/sglang/device_pool.py"]
 TESTS = ["tests/read/test_window.py", "tests/read/test_scatter.py", "tests/read/test_checksum.py",
          "tests/read/test_device_emulation.py", "tests/read/test_real_cuda_modules.py",
          "tests/read/test_device_path.py", "tests/read/test_device_edges.py",
-         "tests/sglang/test_flow_cut.py", "tests/sglang/test_sglang_scheduling.py",
+         "tests/sglang/hicache/test_flow_cut.py", "tests/sglang/hicache/test_scheduling.py",
          "tests/read/test_slot_restore.py",
-         "tests/sglang/test_linker.py"]      # the layer-by-layer restore (slot_restore.py)
+         "tests/sglang/linker/test_linker.py",      # the layer-by-layer restore (slot_restore.py)
+         "tests/sglang/test_device_pool.py"]
 
 
 def unexecuted() -> list[str]:

@@ -182,7 +182,7 @@ def test_restore_to_slots_checks_layers_and_slot_counts(tmp_path):
 def direct(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("sglang")
-    from sglang_flatcake.sglang import direct as dr
+    from sglang_flatcake.sglang.hicache import direct as dr
     monkeypatch.setenv(dv.EMULATE_ENV, "1")
     made = []
 
@@ -205,7 +205,7 @@ def direct(tmp_path, monkeypatch):
 def test_direct_flow_on_an_mla_pool_waits_for_slots_then_restarts(direct):
     torch, dr, make = direct
     r, st, keys, sched, alloc, tree = make("mla", slots=20 * 16, prefix=16)
-    assert r.dest_v is None and isinstance(r.dest_k[0], dv.EmuArray)
+    assert r.pool.dest_v is None and isinstance(r.pool.dest_k[0], dv.EmuArray)
     flow = dr.Flow("a", "h", list(range(16 + 24 * 16)), keys, 16, 0, 0, chain=["p"] + keys)
     assert not r.allocate(flow)                 # 24 pages do not fit in 19 free ones
     assert r.counters["waits_for_slots"] == 1 and tree.locks == 0 and tree.evictions == 1
@@ -293,7 +293,7 @@ def test_direct_flow_with_a_remote_tail_lands_after_the_local_run(direct, cut):
     r.finish(flow, got)
     page = got - 1                                       # the last page delivered
     rows = slots[16 * page:16 * page + 16].numpy()
-    k = np.asarray(r.dest_k[2])[rows].view(np.uint8).reshape(-1)
+    k = np.asarray(r.pool.dest_k[2])[rows].view(np.uint8).reshape(-1)
     want = data.reshape(24, st.layout.layers, 2, -1)[page, 2, 0]
     assert np.array_equal(k, want) and tree.locks == 0
     assert r.counters["restored_tokens"] == got * 16
@@ -317,7 +317,7 @@ def test_direct_flow_errors_are_a_failed_flow(direct, monkeypatch):
     assert r.allocate(flow)
     monkeypatch.setattr(st, "restore_to_slots",
                         lambda *a, **k: WindowRestore(0, 0, 0, 0, "injected EIO", None))
-    r.delay = 1e-9
+    r.slots.ssd_delay = 1e-9
     r.submit(flow)
     flow.future.result()
     assert r.local_result(flow) == (True, 0)
@@ -326,10 +326,11 @@ def test_direct_flow_errors_are_a_failed_flow(direct, monkeypatch):
 
 def test_direct_delay_hook_is_announced(direct, monkeypatch, caplog):
     torch, dr, make = direct
-    monkeypatch.setenv(dr.DELAY_ENV, "0.5")
+    from sglang_flatcake.read.slot_restore import DELAY_ENV
+    monkeypatch.setenv(DELAY_ENV, "0.5")
     with caplog.at_level("WARNING", logger="sglang_flatcake"):
         r, *_ = make()
-    assert r.delay == 0.5 and "slows every SSD restore" in caplog.text
+    assert r.slots.ssd_delay == 0.5 and "slows every SSD restore" in caplog.text
 
 
 def test_direct_supported_says_why_not(direct):
@@ -355,7 +356,11 @@ def test_direct_supported_says_why_not(direct):
         NS(tree_cache=with_tree(buffer_pipeline=object())))
     assert "no per-layer" in dr.DirectRestorer.supported(
         NS(tree_cache=with_tree(), token_to_kv_pool_allocator=NS(get_kvcache=lambda: NS())))
-    cuda_pool = NS(kv_buffer=[NS(is_cuda=True)])
+    int_pool = NS(kv_buffer=[torch.zeros((8, 1, 4), dtype=torch.int32)])   # the shared refusals
+    assert "KV dtype torch.int32" in dr.DirectRestorer.supported(
+        NS(tree_cache=with_tree(), token_to_kv_pool_allocator=NS(get_kvcache=lambda: int_pool)))
+    cuda_pool = NS(kv_buffer=[NS(is_cuda=True, shape=(8, 1, 4), dtype=torch.bfloat16,
+                                 dim=lambda: 3)])
     why = dr.DirectRestorer.supported(NS(tree_cache=with_tree(),
                                          token_to_kv_pool_allocator=NS(get_kvcache=lambda: cuda_pool)))
     assert why is None or "kvikio cannot read" in why

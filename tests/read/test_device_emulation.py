@@ -190,7 +190,7 @@ def direct_restorer(st, index, monkeypatch, emulate=True):
     pytest.importorskip("sglang")
     from types import SimpleNamespace
 
-    from sglang_flatcake.sglang.direct import DirectRestorer
+    from sglang_flatcake.sglang.hicache.direct import DirectRestorer
     monkeypatch.setenv(dv.EMULATE_ENV, "1" if emulate else "0")
     shape = (30 * LAY.page_tokens, 2, 32)
     kv = SimpleNamespace(k_buffer=[torch.zeros(shape, dtype=torch.bfloat16)
@@ -213,7 +213,7 @@ def direct_restorer(st, index, monkeypatch, emulate=True):
 
 
 def flow_for(keys, torch):
-    from sglang_flatcake.sglang.direct import Flow
+    from sglang_flatcake.sglang.hicache.direct import Flow
     f = Flow("req", "handle", list(range(24 * 16)), keys, 0, 20 * LAY.block_bytes,
              4 * LAY.block_bytes)
     f.slots = torch.arange(24 * 16, dtype=torch.int64)
@@ -242,7 +242,7 @@ def test_the_direct_restore_worker_makes_the_pools_device_current(tmp_path, monk
         on_thread(submit)
         res = flow.future.result()
         assert res.error is None and res.hits == 24 and res.corrupt == 0
-        assert_pages(data, [r.dest_k, r.dest_v], np.arange(24), 24)
+        assert_pages(data, [r.pool.dest_k, r.pool.dest_v], np.arange(24), 24)
     finally:
         r.close()
         st.close()
@@ -261,13 +261,13 @@ def test_the_restore_waits_for_the_forward_stream_still_writing_its_slots(tmp_pa
 
         def schedule():
             with dev.use_stream(forward):     # the forward stream is current, as in SGLang
-                for d in r.dest_k + r.dest_v:  # a forward pass writing into the slots
+                for d in r.pool.dest_k + r.pool.dest_v:  # a forward pass writing into the slots
                     dev.upload_into(d, np.full(d.shape, 0x5151, np.uint16), forward)
                 r.submit(flow)
         on_thread(schedule)
         res = flow.future.result()
         assert res.error is None and res.hits == 24
-        assert_pages(data, [r.dest_k, r.dest_v], np.arange(24), 24)
+        assert_pages(data, [r.pool.dest_k, r.pool.dest_v], np.arange(24), 24)
     finally:
         r.close()
         st.close()

@@ -161,7 +161,7 @@ def test_an_error_on_an_emulated_stream_surfaces_at_its_event():
 def test_direct_restorer_flow_on_the_emulated_device(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("sglang")
-    from sglang_flatcake.sglang.direct import DirectRestorer, Flow
+    from sglang_flatcake.sglang.hicache.direct import DirectRestorer, Flow
 
     monkeypatch.setenv(dv.EMULATE_ENV, "1")
     st, keys, data = store_with_session(tmp_path, MHA, mem_blocks=True)
@@ -171,7 +171,7 @@ def test_direct_restorer_flow_on_the_emulated_device(tmp_path, monkeypatch):
     r = DirectRestorer(sched, standin.backend(st))
     try:
         assert r.device is dv.EMULATED and r.slots.window.dev is dv.EMULATED
-        assert isinstance(r.dest_k[0], dv.EmuArray)
+        assert isinstance(r.pool.dest_k[0], dv.EmuArray)
         tokens = list(range(16 + 24 * 16))
         flow = Flow("req", "handle", tokens, keys, 16, 20 * MHA.block_bytes,
                     4 * MHA.block_bytes, chain=["p"] + keys)

@@ -40,7 +40,7 @@ MUTATIONS = {
         "self.device.activate()                      # fence: the worker's device", "pass",
         T + "test_the_direct_restore_worker_makes_the_pools_device_current"),
     "the restore waits for SGLang's forward stream": (
-        "sglang_flatcake/sglang/direct.py",
+        "sglang_flatcake/sglang/hicache/direct.py",
         "self.slots.after(fence)             # fence: SGLang's forward stream", "pass",
         T + "test_the_restore_waits_for_the_forward_stream_still_writing_its_slots"),
 }

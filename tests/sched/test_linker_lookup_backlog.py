@@ -1,4 +1,4 @@
-"""Restore or recompute in linker mode (``sglang.linker_lookup.Lookup``): the backlog counts.
+"""Restore or recompute in linker mode (``sglang.linker.lookup.Lookup``): the backlog counts.
 
 The linker used to price a request's SSD pages against a prefill backlog of 0 and restores
 ahead without their latency, so under load it recomputed into a prefill queue it never
@@ -8,7 +8,7 @@ priced.  A fake store (``locate`` and ``layout`` only) and fitted rates; no serv
 from types import SimpleNamespace
 
 from sglang_flatcake import address as addr
-from sglang_flatcake.sglang.linker_lookup import Lookup
+from sglang_flatcake.sglang.linker.lookup import Lookup
 
 MIB = 1 << 20
 PAGE = 16

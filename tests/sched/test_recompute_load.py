@@ -14,7 +14,7 @@ import pytest
 from sglang_flatcake.sched import rates, recompute
 from sglang_flatcake.sched.rates import Cost, Rate
 from sglang_flatcake.sched.recompute import MARGIN, SLIP_MAX, RestoreOrRecompute
-from sglang_flatcake.sglang.recompute import ServerEstimates
+from sglang_flatcake.sglang.hicache.recompute import ServerEstimates
 
 MIB = 1 << 20
 PAGE = 16

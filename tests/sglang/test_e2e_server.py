@@ -235,23 +235,6 @@ def test_demo_compare_rows_per_backend_at_small_scale(tmp_path):
     assert png.stat().st_size > 10_000
 
 
-def test_serving_sweep_runs_at_tiny_scale(tmp_path):
-    """benchmarks/serving_sweep.py with real servers for flatcake, file and none."""
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_sweep.py"
-    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
-    r = subprocess.run([sys.executable, str(script), "--backends", "flatcake,file,none",
-                        "--rates", "1", "--num-prompts", "12", "--workdir", str(tmp_path / "w"),
-                        "--json", str(out), "--plot", str(png)],
-                       capture_output=True, text=True, timeout=2400)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-9000:]   # with the server log's tail
-    rows = json.loads(out.read_text())["rows"]
-    assert [x["backend"] for x in rows] == ["flatcake", "file", "none"]
-    assert all(x["requests_served"] == x["requests_sent"] == 12 for x in rows)
-    assert len({x["output_tokens"] for x in rows}) == 1
-    assert png.stat().st_size > 10_000
-
-
 @pytest.mark.parametrize("single_queue", [False, True], ids=["two-queues", "single-queue"])
 def test_memory_hit_is_not_stuck_behind_an_ssd_restore(model, tmp_path, single_queue):
     """A slow SSD restore (a test throttle) must not hold back a request that hits memory.

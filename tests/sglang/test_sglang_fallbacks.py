@@ -14,7 +14,7 @@ hs = pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
 
 from tests.support import chain  # noqa: E402
 from sglang_flatcake.sglang import cpu  # noqa: E402
-from sglang_flatcake.sglang.backend import FlatCakeStorage  # noqa: E402
+from sglang_flatcake.sglang.hicache.backend import FlatCakeStorage  # noqa: E402
 from sglang_flatcake.sglang.metrics import MetricsExporter  # noqa: E402
 
 L, H, D, PS, PAGES = 2, 2, 8, 4, 16

@@ -93,9 +93,9 @@ def test_each_mode_registers_exactly_its_rows_once():
     assert all(fn is hooks.handler(h) for (_, fn, _), h in
                zip(rec.calls, hooks.hooks_of(("cli", "linker"))))
     rec.calls.clear()
-    hooks.start(("cli", "hicache", "cpu"), rec, Kinds, done)     # cli's are registered already
+    hooks.start(("cli", "hicache", "cpu", "timeline"), rec, Kinds, done)   # cli's are in already
     assert [t for t, _, _ in rec.calls] == [h.target for h in hooks.HOOKS
-                                            if h.mode in ("hicache", "cpu")]
+                                            if h.mode in ("hicache", "cpu", "timeline")]
     assert done == {h.target for h in hooks.HOOKS}
 
 
@@ -123,8 +123,8 @@ def test_a_mismatch_stops_only_the_mode_that_uses_it(monkeypatch, capsys):
 
 def _scan():
     """(module:qualname, node) for every node of the adapter's modules."""
-    for path in sorted(ADAPTER.glob("*.py")):
-        mod = path.stem
+    for path in sorted(ADAPTER.rglob("*.py")):
+        mod = ".".join(path.relative_to(ADAPTER).with_suffix("").parts)
         tree = ast.parse(path.read_text())
         stack: list[str] = []
 

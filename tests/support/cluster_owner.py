@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.redis_server import TEST_SECRET
+from tests.support.cluster_keys import node_secret, write_node_files
+
+OWNER, MEMBER = 0, 1          # the in-process owner's node id, a requester's
 
 LAYOUT_ARGS = dict(layers=4, kv_heads=2, head_dim=64, dtype="bfloat16", page_tokens=16)
 BOUND = 1.0
@@ -19,9 +21,9 @@ def layout():
     return KVLayout.mha(**LAYOUT_ARGS)
 
 
-def secret():
-    from sglang_flatcake.cluster.secret import ClusterSecret
-    return ClusterSecret(TEST_SECRET)
+def secret(node: int = MEMBER):
+    """The cluster secret with node ``node``'s identity (a requester's by default)."""
+    return node_secret(node)
 
 
 def expected(keys):
@@ -64,7 +66,7 @@ def served(tmp_path):
                          durable=False)
     store = FlatCakeStore(tmp_path / "owner", lay, cfg)
     engine = Engine("127.0.0.1")
-    svc = OwnerService(store, engine, secret(), slot_blocks=16)
+    svc = OwnerService(store, engine, secret(OWNER), slot_blocks=16)
     ssd, mem = session_keys(8, "ssd"), session_keys(8, "mem")
     store.put(ssd, session_blocks(lay.block_bytes, ssd), signals=WriteSignals(turn=0))
     store.put(mem, session_blocks(lay.block_bytes, mem), signals=WriteSignals(turn=1))
@@ -86,11 +88,16 @@ def attacker():
     e.close()
 
 
+def _files(root, node):
+    key, roster = write_node_files(f"{root}-keys", node)
+    return ["--node-key-file", key, "--roster-file", roster]
+
+
 class OwnerProcess:
     """An owner node in its own process (``cluster.owner_main``: a real store on real files,
     ``blocks`` SSD blocks of one session) for stall and kill tests."""
 
-    def __init__(self, root, secret_file, blocks=16):
+    def __init__(self, root, secret_file, blocks=16, node=OWNER):
         import json
         import subprocess
         import sys
@@ -98,7 +105,8 @@ class OwnerProcess:
         self.keys = session_keys(blocks, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_flatcake.cluster.owner_main", "--root", str(root),
-             "--blocks", str(blocks), "--secret-file", secret_file, "--raw-bytes", "65536"],
+             "--blocks", str(blocks), "--secret-file", secret_file, "--raw-bytes", "65536",
+             "--node", str(node), *_files(root, node)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.info = json.loads(self.proc.stdout.readline())
         self.endpoint = self.info["endpoint"]

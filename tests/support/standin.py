@@ -1,6 +1,6 @@
 """A stand-in SGLang scheduler for ``DirectRestorer``: tree, allocator and device pool.
 
-Just what ``sglang.direct.DirectRestorer`` calls between ``allocate`` and ``finish``
+Just what ``sglang.hicache.direct.DirectRestorer`` calls between ``allocate`` and ``finish``
 (``match_prefix``, ``inc_lock_ref``/``dec_lock_ref``, ``evict``, ``insert``,
 ``path_device_indices``; ``alloc``/``free``/``available_size``/``get_kvcache``), over
 torch KV buffers shaped like SGLang 0.5.23's pools (MHA ``k_buffer``/``v_buffer``, MLA
@@ -135,4 +135,4 @@ def scheduler(torch, kind: str, layers: int, slots: int, heads: int, dim: int, d
 def backend(store):
     """What ``DirectRestorer`` reads from SGLang's storage backend object."""
     return SimpleNamespace(store=store, config=store.config, host_pool_gets=0,
-                           direct_counters=None, cluster=None)
+                           cluster=None)

@@ -4,7 +4,7 @@ The GPU machine has torch and CuPy but not SGLang's dependencies (sgl-kernel, zm
 rest), so ``import sglang`` fails there.  ``load_linker_contract(src)`` reads two files of
 an SGLang 0.5.23 source tree (``benchmarks/README_gpu.md`` copies them beside the run):
 ``srt/mem_cache/hicache_storage.py`` and ``srt/mem_cache/unified_cache/unified_cache_linker.py``,
-and executes only the classes ``sglang/linker.py`` imports (``PoolHitPolicy``, ``PoolName``,
+and executes only the classes ``sglang/linker/linker.py`` imports (``PoolHitPolicy``, ``PoolName``,
 ``PoolTransfer``; ``LayerWiseLoadCounter``, ``UnifiedCacheLinker``) with their standard-library
 and torch imports, as the modules of those names.  The counter, the offload events and the
 transfer descriptor are then SGLang's code, not a copy: only ``get_device_module`` is

@@ -1,0 +1,123 @@
+"""Offload: device pages -> the store, placed at write time, written once.
+
+``Offloader.submit`` (scheduler thread) finds the node's place and parent (``signals``)
+while its request row is still intact and queues the job; one worker thread waits for the
+ready events (the forward may still be writing the pages), skips the keys the store holds
+(the tree offers just-loaded pages again), gathers only the pages not stored, and
+``store.put``s them with their signals, so each page goes to the arena or the SSD by the
+same rules as in HiCache mode.  Completions come back in submission order
+(``num_completed``/``pop_completed``); a failed write completes False and the tree keeps
+the node unstored.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ...errors import FlatCakeError
+from ...store_checks import label_for
+from . import signals as sig
+from ..counters import Counters
+from ..stored_run import stored_run
+
+log = logging.getLogger("sglang_flatcake")
+
+
+@dataclass
+class OffloadJob:
+    keys: list[str]
+    slots: Any                     # device slots (torch int64), page aligned
+    events: list                   # ready events to wait for before reading the pages
+    parent_key: Optional[str]
+    where: sig.Where
+    session_id: Optional[str]
+
+
+class Offloader:
+    """One worker thread; ``counters`` count pages written, skipped (stored) and failed."""
+
+    def __init__(self, store, pool, req_to_token, slot_keys: sig.SlotKeys) -> None:
+        self.store, self.pool, self.rows, self.slot_keys = store, pool, req_to_token, slot_keys
+        self.jobs: queue.Queue = queue.Queue()
+        self.done: queue.Queue = queue.Queue()
+        self.session_last: dict[str, str] = {}     # session_id -> last key written for it
+        self.counters = Counters("pages_already_stored", "pages_written", "pages_failed",
+                                 "offloads_failed")      # added by the worker, read by stats
+        self.thread = threading.Thread(target=self._run, name="flatcake-offload", daemon=True)
+        self.thread.start()
+
+    def submit(self, keys: list[str], slots, events: list, session_id: Optional[str]) -> None:
+        """Queue one node (scheduler thread)."""
+        page = self.pool.page
+        where = sig.find_in_rows(self.rows, slots, page)
+        parent = self.slot_keys.get(where.parent_slot) if where.parent_slot is not None else None
+        if parent is None and where.context is None and session_id:
+            parent = self.session_last.get(session_id)
+        if session_id and keys:
+            self.session_last[session_id] = keys[-1]
+        self.slot_keys.note(slots, keys, page)
+        self.jobs.put(OffloadJob(list(keys), slots, events, parent, where, session_id))
+
+    def num_completed(self) -> int:
+        return self.done.qsize()
+
+    def pop_completed(self) -> bool:
+        return self.done.get_nowait()
+
+    def drain(self) -> None:
+        """Wait until every queued job has completed (its result stays to be popped)."""
+        self.jobs.join()
+
+    def drop_results(self) -> None:
+        while True:
+            try:
+                self.done.get_nowait()
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            try:
+                if job is None:
+                    return
+                self.done.put(self._write(job))
+            finally:
+                self.jobs.task_done()
+
+    def _write(self, job: OffloadJob) -> bool:
+        try:
+            for ev in job.events:
+                ev.synchronize()
+            keys = job.keys
+            first = stored_run(self.store, keys).pages
+            if first == len(keys):                       # all stored: write once
+                self.counters.add("pages_already_stored", len(keys))
+                return True
+            page = self.pool.page
+            blocks = self.pool.gather(job.slots[first * page:])
+            prefix = [keys[first - 1]] if first else ([job.parent_key] if job.parent_key else [])
+            ctx = job.where
+            if first and ctx.context is not None:
+                ctx = sig.Where(ctx.context + first * page, None)
+            sigs = sig.signals_for(self.store, len(keys) - first, ctx,
+                                   keys[first - 1] if first else job.parent_key)
+            res = self.store.put(keys[first:], blocks, prefix_keys=prefix, signals=sigs,
+                                 label=label_for(job.session_id) if job.session_id else "")
+            self.counters.add("pages_already_stored", first + res.existing)
+            self.counters.add("pages_written", res.stored)
+            self.counters.add("pages_failed", res.failed)
+            return res.failed == 0
+        except (FlatCakeError, OSError, RuntimeError, ValueError) as e:
+            # the node stays unstored in the tree; the server keeps serving from compute
+            log.error("flatcake linker: offload of %d pages failed: %s", len(job.keys), e)
+            self.counters.add("offloads_failed", 1)
+            return False
