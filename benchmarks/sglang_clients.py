@@ -19,7 +19,9 @@ user would:
    ``--rounds`` rounds of pass 2 (it can restore from storage), every backend once per round
    in an order rotated each round, with ``/flush_cache`` before every pass.  TRACE is the
    first ``--max-requests`` requests of the Mooncake conversation trace
-   (``/work/shared/traces/`` or ``--trace``), each cut to ``--max-blocks`` blocks and
+   (``/work/shared/traces/`` or ``--trace``; ``--trace agent``: held-out Claude Code
+   sessions, the demo slice's recipe on the 4 sessions after its own), each cut to
+   ``--max-blocks`` blocks and
    ``--max-output`` output tokens so that its prompt (``bench_serving`` writes 128 "hi"
    per block) fits the CPU server; no warm-up request (``bench_serving``'s uses 512 per
    block and would not fit);
@@ -69,8 +71,17 @@ RECOMPUTE_LINE = re.compile(r"flatcake: \S+ recomputes")
 
 # -- inputs ------------------------------------------------------------------------------
 def cut_trace(src: str, dst: Path, requests: int, max_blocks: int, max_output: int) -> int:
-    """The first ``requests`` requests of a Mooncake JSON-lines trace (``.xz`` or plain),
-    each cut to ``max_blocks`` hash ids and ``max_output`` output tokens, into ``dst``."""
+    """The first ``requests`` requests of a Mooncake JSON-lines trace (``.xz`` or plain;
+    ``agent``: the held-out agent sessions, ``trace_slice.held_out_rows``), each cut to
+    ``max_blocks`` hash ids and ``max_output`` output tokens, into ``dst``."""
+    if src == "agent":
+        from sglang_flatcake.commands.trace_slice import held_out_rows
+        try:
+            rows = held_out_rows()
+        except FileNotFoundError as e:
+            raise SystemExit(f"error: --trace agent: {e}") from None
+        src = str(dst.with_name("agent_held_out.jsonl"))
+        Path(src).write_text("".join(json.dumps(r) + "\n" for r in rows))
     opener = lzma.open if src.endswith(".xz") else open
     rows = []
     with opener(src, "rt") as f:
@@ -274,7 +285,7 @@ def run_all(backends: list[str], model: str, work: Path, a, trace: Path, n: int,
                 for b in backends[k:] + backends[:k]:
                     servers.turn(b, serve(work / f"{b}_pass2_r{r}.jsonl"), f"pass 2, round {r}",
                                  f"pass2_r{r}")
-            for b in backends:
+            for b in (backends if a.multiturn else []):
                 servers.turn(b, lambda url, b=b: multiturn(
                     url, model, data, a.mt_clients, a.mt_rounds, a.mt_length,
                     work / f"{b}_multiturn.json", a.timeout), "multi-turn")
@@ -464,7 +475,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-blocks", type=int, default=24)
     ap.add_argument("--max-output", type=int, default=16)
     ap.add_argument("--slowdown", type=float, default=1.0)
-    ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--trace", default=TRACE,
+                    help="a Mooncake JSON-lines trace (.xz or plain), or 'agent': held-out "
+                         "Claude Code sessions (default: the Mooncake conversation trace)")
+    ap.add_argument("--no-multiturn", dest="multiturn", action="store_false",
+                    help="skip SGLang's multi-turn client (bench_serving passes only)")
     ap.add_argument("--load", type=load_arg, default=[])
     ap.add_argument("--rounds", type=int, default=3, help="rounds of pass 2 (default 3)")
     ap.add_argument("--cpu-procs", type=int, default=2)

@@ -177,6 +177,16 @@ class SchedConfig:
                "recomputing it would take, and prefill its request instead (measured 2026-12-07: "
                "the dropped requests then waited 2-9 s more for admission, pass 2 1.5-6.2x no "
                "cache's mean against 0.39x without it; off by default)")
+    writer_nice: int = setting(
+        19, "CPU priority (nice) of the threads that write KV to the store (the linker's "
+            "offload worker, SGLang's HiCache storage-backup thread), so that on a busy CPU "
+            "the writes take what the forward leaves; 0: the forward's priority",
+        allowed="0..19", ok=lambda v: 0 <= v <= 19)
+    offload_backlog_bytes: int = setting(
+        1 << 30, "linker mode: a node offloaded while this many KV bytes of device pages "
+                 "already wait to be written is not stored (its device pages, locked until "
+                 "then, unlock at once), so a slow or stalled disk never holds device memory",
+        size=True, allowed="> 0", ok=lambda v: v > 0)
     timeline: str = setting(
         "", "append each request's timeline (arrival, lookup, restore-or-recompute decision "
             "and its inputs, restore, publish, first forward, first token) to this file as "

@@ -46,9 +46,27 @@ def to_mooncake(sessions, max_requests: int = 8, shrink: int = 48, max_ids: int 
     return rows
 
 
+WEKA = "/work/shared/traces/weka_claude_code_sessions.tar.xz"
+DEMO_SESSIONS = 4          # the vendored slice: the first 4 sessions with >= 6 requests
+
+
+def agent_sessions(src: str, skip: int, count: int) -> list[dict]:
+    """Sessions ``skip`` .. ``skip + count - 1`` of those with at least 6 requests, in
+    file order (``skip=DEMO_SESSIONS``: held out from the vendored slice)."""
+    return [s for s in weka_sessions(src) if len(s.get("requests", [])) >= 6][skip:skip + count]
+
+
+def held_out_rows(src: str = WEKA, count: int = DEMO_SESSIONS) -> list[dict]:
+    """The demo slice's recipe on the next ``count`` sessions: an agent trace the vendored
+    slice (and any tuning on it) never saw.  ``FileNotFoundError`` names a missing ``src``."""
+    if not Path(src).is_file():
+        raise FileNotFoundError(f"{src}: the WEKA Claude Code sessions archive is not there")
+    return to_mooncake(agent_sessions(src, DEMO_SESSIONS, count))
+
+
 def main(argv: list[str]) -> int:
     src = argv[0] if argv else "../shared/traces/weka_claude_code_sessions.tar.xz"
-    sessions = [s for s in weka_sessions(src) if len(s.get("requests", [])) >= 6][:4]
+    sessions = agent_sessions(src, 0, DEMO_SESSIONS)
     rows = to_mooncake(sessions)
     DATA.mkdir(exist_ok=True)
     SLICE.write_text("".join(json.dumps(r) + "\n" for r in rows))

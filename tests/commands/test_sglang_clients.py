@@ -145,3 +145,38 @@ def test_a_flatcake_variant_is_its_own_backend_and_bad_settings_are_refused(tmp_
     assert r.returncode == 2 and "publish_wait_ms=-1" in r.stderr and "0..1000" in r.stderr
     r = run("--backends", "none@queue_aging=0")
     assert r.returncode == 2 and "for flatcake backends, not 'none'" in r.stderr
+
+
+def test_agent_trace_is_held_out_from_the_demo_slice(tmp_path):
+    """``--trace agent``: Claude Code sessions the vendored demo slice does not hold, cut
+    like any trace (blocks and outputs capped), ids disjoint from the slice's sessions."""
+    import pytest
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sglang_clients import cut_trace
+    from sglang_flatcake.commands import trace_slice
+    if not Path(trace_slice.WEKA).is_file():
+        pytest.skip(f"{trace_slice.WEKA} is not on this machine")
+    n = cut_trace("agent", tmp_path / "t.jsonl", 10, 6, 8)
+    rows = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert n == len(rows) == 10
+    assert all(len(r["hash_ids"]) <= 6 and 1 <= r["output_length"] <= 8 for r in rows)
+    held = {s["id"] for s in trace_slice.agent_sessions(trace_slice.WEKA, 4, 4)}
+    demo = {s["id"] for s in trace_slice.agent_sessions(trace_slice.WEKA, 0, 4)}
+    assert held and not held & demo
+    # a request that continues a session shares its leading ids: prefixes stay reusable
+    firsts = {}
+    for r in rows:
+        firsts.setdefault(r["hash_ids"][0] // 1_000_000, []).append(r["hash_ids"])
+    assert any(len(v) > 1 and v[1][0] == v[0][0] for v in firsts.values())
+
+
+def test_agent_trace_without_the_archive_is_one_line(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import pytest
+    from sglang_clients import cut_trace
+    from sglang_flatcake.commands import trace_slice
+    monkeypatch.setattr(trace_slice, "WEKA", str(tmp_path / "missing.tar.xz"))
+    monkeypatch.setattr(trace_slice.held_out_rows, "__defaults__",
+                        (str(tmp_path / "missing.tar.xz"), 4))
+    with pytest.raises(SystemExit, match="--trace agent: .*missing.tar.xz"):
+        cut_trace("agent", tmp_path / "t.jsonl", 10, 6, 8)

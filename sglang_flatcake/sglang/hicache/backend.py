@@ -29,6 +29,7 @@ from .pages import HostPages
 from ..rank_store import open_rank_store, place_rank
 from .signals import SignalBoard
 from ..write_once import WriteOnce
+from ..writer_priority import lower_this_thread
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -138,6 +139,7 @@ class FlatCakeStorage(HiCacheStorage):
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         if not keys:
             return []
+        lower_this_thread(self.config.writer_nice)       # SGLang's storage-backup thread
         prefix = list(extra_info.prefix_keys or []) if extra_info is not None else []
         blocks = self.pages.gather(host_indices)
         sigs = self._signals(keys, prefix)

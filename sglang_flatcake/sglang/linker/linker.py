@@ -108,7 +108,9 @@ class FlatCakeLinker(UnifiedCacheLinker):
             prefill=PrefillClock(self.finder.decider.prefill))
         self.slot_keys = SlotKeys()
         rows = params.req_to_token_pool.req_to_token
-        self.offloader = Offloader(self.store, self.pool, rows, self.slot_keys)
+        self.offloader = Offloader(self.store, self.pool, rows, self.slot_keys,
+                                   nice=cfg.writer_nice,
+                                   max_backlog_bytes=cfg.offload_backlog_bytes)
         self.queued: dict[str, Load] = {}
         self.running: dict[int, Batch] = {}
         self.recompute_tokens: dict[str, int] = {}     # rid -> tail tokens past its restore

@@ -7,7 +7,10 @@ ready events (the forward may still be writing the pages), skips the keys the st
 ``store.put``s them with their signals, so each page goes to the arena or the SSD by the
 same rules as in HiCache mode.  Completions come back in submission order
 (``num_completed``/``pop_completed``); a failed write completes False and the tree keeps
-the node unstored.
+the node unstored.  Off the forward's path and bounded: the worker runs at ``nice``
+(``writer_priority``), and a node submitted while at least ``max_backlog_bytes`` of pages
+wait to be written is not stored (it completes False in its turn without being read, so its device
+pages, locked until its completion is popped, are not held by a slow disk).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ...store_checks import label_for
 from . import signals as sig
 from ..counters import Counters
 from ..stored_run import stored_run
+from ..writer_priority import lower_this_thread
 
 log = logging.getLogger("sglang_flatcake")
 
@@ -35,18 +39,24 @@ class OffloadJob:
     parent_key: Optional[str]
     where: sig.Where
     session_id: Optional[str]
+    nbytes: int = 0                # what it adds to the backlog; 0: past the bound, not stored
 
 
 class Offloader:
-    """One worker thread; ``counters`` count pages written, skipped (stored) and failed."""
+    """One worker thread; ``counters`` count pages written, skipped (stored), failed and not
+    stored for the backlog bound."""
 
-    def __init__(self, store, pool, req_to_token, slot_keys: sig.SlotKeys) -> None:
+    def __init__(self, store, pool, req_to_token, slot_keys: sig.SlotKeys, *, nice: int = 0,
+                 max_backlog_bytes: int = 1 << 62) -> None:
         self.store, self.pool, self.rows, self.slot_keys = store, pool, req_to_token, slot_keys
+        self.nice, self.max_backlog = nice, max_backlog_bytes
         self.jobs: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
         self.session_last: dict[str, str] = {}     # session_id -> last key written for it
+        self.lock = threading.Lock()
+        self.backlog = 0                           # bytes of queued jobs not yet written
         self.counters = Counters("pages_already_stored", "pages_written", "pages_failed",
-                                 "offloads_failed")      # added by the worker, read by stats
+                                 "offloads_failed", "pages_over_backlog")
         self.thread = threading.Thread(target=self._run, name="flatcake-offload", daemon=True)
         self.thread.start()
 
@@ -60,7 +70,16 @@ class Offloader:
         if session_id and keys:
             self.session_last[session_id] = keys[-1]
         self.slot_keys.note(slots, keys, page)
-        self.jobs.put(OffloadJob(list(keys), slots, events, parent, where, session_id))
+        nbytes = len(keys) * self.store.layout.block_bytes
+        with self.lock:
+            if self.backlog >= self.max_backlog:       # one node may take it past
+                nbytes = 0
+            self.backlog += nbytes
+        self.jobs.put(OffloadJob(list(keys), slots, events, parent, where, session_id, nbytes))
+
+    def backlog_bytes(self) -> int:
+        with self.lock:
+            return self.backlog
 
     def num_completed(self) -> int:
         return self.done.qsize()
@@ -84,12 +103,22 @@ class Offloader:
         self.thread.join()
 
     def _run(self) -> None:
+        lower_this_thread(self.nice)
         while True:
             job = self.jobs.get()
             try:
                 if job is None:
                     return
-                self.done.put(self._write(job))
+                if not job.nbytes and job.keys:
+                    self.counters.add("pages_over_backlog", len(job.keys))
+                    self.done.put(False)
+                    continue
+                try:
+                    ok = self._write(job)
+                finally:
+                    with self.lock:
+                        self.backlog -= job.nbytes
+                self.done.put(ok)
             finally:
                 self.jobs.task_done()
 

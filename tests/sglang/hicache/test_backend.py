@@ -195,3 +195,31 @@ def test_cluster_with_tp_is_refused_without_the_redis_password(tmp_path):
     with pytest.raises(ConfigError, match="one rank") as e:
         FlatCakeStorage(storage_config(tmp_path, 0, 2, cluster_directory=url), host_pool())
     assert "hunter2-secret" not in str(e.value) and "flatcake:***@127.0.0.1" in str(e.value)
+
+
+@pytest.mark.parametrize("nice", [19, 0])
+def test_the_storage_backup_thread_writes_at_the_writer_nice(tmp_path, nice):
+    """SGLang calls ``batch_set_v1`` from its storage-backup thread: that thread lowers itself
+    to ``writer_nice`` (0: left alone); a call on the main thread never lowers it."""
+    import os
+    import threading
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base >= 19:
+        pytest.skip("this process already runs at nice 19: nothing to lower")
+    be = FlatCakeStorage(storage_config(tmp_path, writer_nice=nice), host_pool())
+    try:
+        info = hs.HiCacheStorageExtraInfo(prefix_keys=[])
+        assert be.batch_set_v1(chain(2, "m"), token_indices([0, 1]), info) == [True] * 2
+        assert os.getpriority(os.PRIO_PROCESS, 0) == base
+        out = {}
+
+        def backup():
+            out["ok"] = be.batch_set_v1(chain(2, "n"), token_indices([2, 3]), info)
+            out["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        t = threading.Thread(target=backup)
+        t.start()
+        t.join(60)
+        assert out["ok"] == [True] * 2
+        assert out["nice"] == (max(base, nice) if nice else base)
+    finally:
+        be.close()

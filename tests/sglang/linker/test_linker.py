@@ -272,6 +272,60 @@ def test_the_workers_counters_are_read_under_their_owners_lock(server):
     assert isinstance(lk.offloader.counters, Counters)
     st = lk.stats()
     assert st["offload"] == {"pages_already_stored": 0, "pages_written": 0, "pages_failed": 0,
-                             "offloads_failed": 0}
+                             "offloads_failed": 0, "pages_over_backlog": 0}
     st["load"]["batches"] += 5                          # a copy
     assert lk.stats()["load"]["batches"] == 0
+
+
+class Gate:
+    """A ready event the test opens: the offload worker waits on it, as on the forward's."""
+
+    def __init__(self) -> None:
+        import threading
+        self.open = threading.Event()
+
+    def synchronize(self) -> None:
+        assert self.open.wait(30), "the gate was never opened"
+
+
+def test_the_offload_backlog_is_bounded_and_completions_keep_their_order(server):
+    """A node offloaded while the bound's worth of pages already waits is not stored: it
+    completes False in its turn without being read; the one before it is written; once the
+    backlog drains a node is stored again."""
+    from sglang_flatcake.sglang.linker.offload import Offloader
+    from sglang_flatcake.sglang.linker.signals import SlotKeys
+    lk = server.linker
+    off = Offloader(lk.store, lk.pool, server.rows, SlotKeys(), max_backlog_bytes=1)
+    try:
+        a, b, c = chain(4, "ba"), chain(3, "bb"), chain(2, "bc")
+        for i, k in enumerate((a, b, c)):
+            server.fill(slots(60 + 8 * i, len(k)), 30 + i)
+        gate = Gate()
+        off.submit(a, slots(60, 4), [gate], None)        # held by the gate: the backlog is full
+        assert off.backlog_bytes() == 4 * lk.store.layout.block_bytes
+        off.submit(b, slots(68, 3), [], None)            # past the bound
+        gate.open.set()
+        off.drain()
+        assert [off.pop_completed(), off.pop_completed()] == [True, False]
+        assert off.counters.snapshot()["pages_over_backlog"] == 3
+        assert off.backlog_bytes() == 0
+        assert lk.store.exists(a) == 4 and lk.store.exists(b) == 0
+        off.submit(c, slots(76, 2), [], None)            # drained: stored again
+        off.drain()
+        assert off.pop_completed() is True and lk.store.exists(c) == 2
+    finally:
+        off.close()
+
+
+def test_the_offload_worker_runs_at_the_writer_nice(server):
+    """The worker lowers its own priority (``writer_nice``, 19 by default); the scheduler's
+    thread keeps its own."""
+    if os.getpriority(os.PRIO_PROCESS, 0) >= 19:
+        pytest.skip("this process already runs at nice 19: nothing to lower")
+    lk = server.linker
+    tid = lk.offloader.thread.native_id
+    deadline = time.monotonic() + 10
+    while os.getpriority(os.PRIO_PROCESS, tid) < 19 and time.monotonic() < deadline:
+        time.sleep(0.01)                                 # the worker sets it as it starts
+    assert os.getpriority(os.PRIO_PROCESS, tid) == 19
+    assert os.getpriority(os.PRIO_PROCESS, 0) < 19
