@@ -190,6 +190,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         loads, self.queued = list(self.queued.values()), {}
         if timeline.ON:
             marks.started(loads)
+        self.admission.prefill.loading()             # this step's time is not prefill alone
         index = self.layer_done_counter.update_producer()
         batch = Batch(index, loads, _event())
         self.running[index] = batch
@@ -205,9 +206,8 @@ class FlatCakeLinker(UnifiedCacheLinker):
         if timeline.ON and batch is not None:
             marks.finished(batch.loads, landed)
         if batch is not None:
-            tokens = sum(self.recompute_tokens.pop(ld.rid, 0) for ld in batch.loads)
-            if landed and not any(ld.ssd_bytes for ld in batch.loads):
-                self.finder.decider.prefill.observe(tokens, time.monotonic() - batch.started)
+            for ld in batch.loads:
+                self.recompute_tokens.pop(ld.rid, None)
         return landed
 
     # -- offload -----------------------------------------------------------------------
@@ -220,6 +220,9 @@ class FlatCakeLinker(UnifiedCacheLinker):
         return True
 
     def num_completed_offloads(self) -> int:
+        """Called by SGLang once at the start of every scheduler step (also the prefill
+        clock's step)."""
+        self.admission.prefill.step()
         if self.metrics.enabled and time.monotonic() - self.metrics_at >= 1.0:
             self.metrics_at = time.monotonic()
             self.metrics.export(self.store.stats())

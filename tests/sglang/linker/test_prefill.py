@@ -1,5 +1,6 @@
-"""``PrefillClock`` (``sglang/linker/prefill.py``): the linker's prefill rate from the
-scheduler's processed-tokens counter, sampled only over busy steps."""
+"""``PrefillClock`` (``sglang/linker/prefill.py``): the linker's prefill rate, the tokens a
+ticked step launched over that step's own seconds (SGLang's step starts from
+``num_completed_offloads``, its processed-tokens counter from ``calc_priority``)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,69 @@ def clocked():
     return PrefillClock(rate, clock=lambda: t[0]), rate, t
 
 
-def test_tokens_launched_between_busy_steps_are_a_sample():
+def steps(pc, t, *at):
+    for x in at:
+        t[0] = x
+        pc.step()
+
+
+def test_the_launching_step_is_timed_not_the_idle_and_decode_steps_after_it():
+    """An idle server: one request arrives, its step ticks and launches 3,000 tokens in 0.06 s;
+    decode steps and seconds of idling follow; the next arrival's tick closes the sample.
+    (The clock before divided by the 4 s between the ticks: 750 tokens/s.)"""
     pc, rate, t = clocked()
+    steps(pc, t, 0.0)
+    pc.tick(0, 1)                          # the step that launches the prefill
+    steps(pc, t, 0.06, 0.07, 0.08, 0.09)   # decode steps: no calc_priority
+    steps(pc, t, 4.0)                      # much later: a new request
+    pc.tick(3000, 1)
+    assert rate.samples == 1 and abs(rate.value - 3000 / 0.06) < 1e-6
+
+
+def test_with_overlap_the_longer_of_the_step_and_the_next_counts():
+    """SGLang's overlap schedule: a batch's forward ends in the step after its launch."""
+    pc, rate, t = clocked()
+    steps(pc, t, 0.0)
+    pc.tick(0, 1)
+    steps(pc, t, 0.01, 0.09)               # launch 10 ms, the next step waits 80 ms for it
+    pc.tick(800, 1)
+    assert rate.samples == 1 and abs(rate.value - 800 / 0.08) < 1e-6
+
+
+def test_consecutive_busy_steps_each_give_their_own_sample():
+    pc, rate, t = clocked()
+    steps(pc, t, 0.0)
     pc.tick(0, 3)
-    t[0] = 0.5
-    pc.tick(1000, 2)                      # 1,000 tokens in 0.5 s
+    steps(pc, t, 0.5)
+    pc.tick(1000, 2)                       # 1,000 tokens launched in the 0.5 s step
     assert rate.samples == 1 and abs(rate.value - 2000.0) < 1e-6
-    t[0] = 0.6
-    pc.tick(1000, 1)                      # a decode step: nothing launched, no sample
+    steps(pc, t, 0.6)
+    pc.tick(1000, 1)                       # that step launched nothing: no sample
     assert rate.samples == 1
 
 
-def test_an_idle_gap_or_a_long_one_is_not_a_sample():
+def test_a_step_that_started_a_restore_or_a_long_one_is_not_a_sample():
     pc, rate, t = clocked()
-    pc.tick(0, 0)                         # nothing waited: the scheduler may have idled
-    t[0] = 0.5
-    pc.tick(1000, 2)
+    steps(pc, t, 0.0)
+    pc.tick(0, 1)
+    pc.loading()                           # its batch restores: time not prefill alone
+    steps(pc, t, 0.3)
+    pc.tick(1000, 1)
     assert rate.samples == 0
-    t[0] = 10.0                           # longer than MAX_GAP_S (2 s)
-    pc.tick(2000, 2)
+    steps(pc, t, 10.0)                     # longer than MAX_GAP_S (2 s)
+    pc.tick(2000, 1)
     assert rate.samples == 0 and rate.value is None
-    t[0] = 10.1
+    steps(pc, t, 10.1)
     pc.tick(2100, 1)
     assert rate.samples == 1 and abs(rate.value - 1000.0) < 1e-6
+
+
+def test_before_the_first_tick_nothing_is_sampled_and_steps_stay_bounded():
+    pc, rate, t = clocked()
+    for i in range(100):
+        steps(pc, t, i * 0.01)
+    assert len(pc.starts) == 1 and rate.samples == 0
+    pc.tick(0, 1)
+    for i in range(100):
+        steps(pc, t, 1 + i * 0.01)
+    assert len(pc.starts) == 3
