@@ -8,11 +8,10 @@ ends no later than recomputing it, the disk backlog being the SSD bytes of the l
 queued or running in this linker.  Otherwise the run is cut before its first SSD page
 (memory pages are still restored).
 
-Rates: restores measure themselves (``LayerLoader``); the prefill rate is sampled from
-load batches that read nothing from the SSD: the tokens the batch's loading requests
-recompute (their tails past the restored run) over the time from the batch's start to its
-``finish`` (a lower bound on the rate: other requests in the batch are not seen, so the
-decision leans to restoring).  Until a rate is known the decision restores.
+Rates: restores measure themselves (``LayerLoader``; before any, the disk probe); the
+prefill rate is timed per scheduler step (``prefill.PrefillClock``: the tokens a step
+launched over that step's seconds, so per-step overhead counts too and the decision leans to
+restoring).  Until a rate is known the decision restores.
 """
 
 from __future__ import annotations
