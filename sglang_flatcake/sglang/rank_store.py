@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import FlatCakeConfig, default_store_dir
+from .. import index
 from ..errors import ConfigError, UnsafeStoreError
 from ..layout import KVLayout
 from ..private_fs import private_dir
@@ -95,6 +96,7 @@ def open_rank_store(folder: Path, layout: KVLayout, cfg: FlatCakeConfig,
     ``cfg.on_layout_mismatch`` says; the identity is recorded for the next start."""
     ident = model_identity.identity(model, layout, revision)
     fresh = model_identity.check(folder, ident, cfg.on_layout_mismatch)
+    index.warm_up()                  # no kernel compiles inside a request's lookup or write
     store = FlatCakeStore(folder, layout, cfg)
     if fresh:
         store.clear()

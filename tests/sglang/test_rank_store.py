@@ -82,3 +82,31 @@ def test_a_model_name_that_is_no_folder_is_its_identity(tmp_path, layout, config
     written(folder, layout, config, "org/model-a")
     with pytest.raises(LayoutMismatchError, match=r"\(model differ\)"):
         open_rank_store(folder, layout, config, "org/model-b")
+
+
+WARM = """
+import sys
+from pathlib import Path
+from sglang_flatcake import index
+from sglang_flatcake.config import FlatCakeConfig
+from sglang_flatcake.layout import KVLayout
+from sglang_flatcake.sglang.rank_store import open_rank_store
+kernels = [getattr(index, n) for n in dir(index) if n.endswith("_kernel")]
+assert kernels and all(not k.signatures for k in kernels), "compiled before the store opened"
+layout = KVLayout.mha(layers=2, kv_heads=2, head_dim=8, dtype="float16", page_tokens=4)
+cfg = FlatCakeConfig(memory_bytes=1 << 20, ssd_bytes=16 << 20, extent_bytes=1 << 20,
+                     durable=False)
+with open_rank_store(Path(sys.argv[1]), layout, cfg, "tiny") as st:
+    print(sorted(k.__name__ for k in kernels if not k.signatures))
+"""
+
+
+def test_opening_a_servers_store_compiles_every_index_kernel_first(tmp_path):
+    """A fresh process: no index kernel is compiled before ``open_rank_store``, every one is
+    after it, so no request's first lookup or write compiles (numba's own cache aside)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "store")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"
