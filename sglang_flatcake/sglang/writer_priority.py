@@ -14,7 +14,14 @@ import os
 import threading
 
 log = logging.getLogger("sglang_flatcake")
-_local = threading.local()
+
+
+class _Done(threading.local):
+    """Per thread: the nice this thread was given (-1 after a refusal), None before."""
+    nice: int | None = None
+
+
+_local = _Done()
 
 
 def lower_this_thread(nice: int) -> bool:
@@ -23,7 +30,7 @@ def lower_this_thread(nice: int) -> bool:
     process that refuses."""
     if nice <= 0 or threading.current_thread() is threading.main_thread():
         return False
-    done = getattr(_local, "nice", None)
+    done = _local.nice
     if done is not None:
         return done >= nice
     tid = threading.get_native_id()
