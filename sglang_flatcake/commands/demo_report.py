@@ -58,6 +58,10 @@ def closing_sentence(rows: list[dict], passes: int, requests: int, extra: list[s
         linker = r["backend"] == "flatcake-linker"      # its hits: SGLang's "host" tokens
         back = r.get("restored_tokens", 0) if linker else r["storage_tokens"]
         share = f" ({back / prompt:.0%} of all prompt tokens)" if prompt else ""
+        recomputed = (r.get("flatcake") or {}).get("flatcake_linker_decision_recomputed_requests")
+        if linker and recomputed:
+            share += (f"; {int(recomputed)} requests recomputed their SSD part instead, priced "
+                      "faster on this server")
         ttft = r.get("ttft_s_mean")
         text = (f"flatcake demo: OK. A real SGLang server with the {r['backend']} backend served "
                 f"all {r['requests_served']} requests ({requests} x {passes} passes) with every "
@@ -126,6 +130,7 @@ def print_flatcake_counters(row: dict) -> None:
         print(f"linker: {row.get('restored_tokens', 0)} prompt tokens restored layer by layer "
               f"into device KV slots; {m.get('flatcake_memory_blocks_read', 0):.0f} blocks read "
               f"from the arena, {m.get('flatcake_ssd_blocks_read', 0):.0f} from SSD; no host pool")
+        print(decision_line(m))
     else:
         print(f"restores into device KV slots: {int(m.get('flatcake_direct_flows', 0))}, "
               f"{m.get('flatcake_direct_bytes_from_ssd', 0) / 2**20:.1f} MiB from SSD, "
@@ -135,6 +140,26 @@ def print_flatcake_counters(row: dict) -> None:
     if store.is_dir() and next(store.rglob("flatcake.json"), None) is not None:
         print(f"store: {store}  (look inside: flatcake inspect {store})")
     print(f"server log: {row.get('server_log')}")
+
+
+def decision_line(m: dict) -> str:
+    """The linker's restore-or-recompute counts and the rates it priced them with (its
+    ``flatcake_linker_decision_*`` gauges)."""
+    d = {k[len("flatcake_linker_decision_"):]: v for k, v in m.items()
+         if k.startswith("flatcake_linker_decision_")}
+    if not d:
+        return "restore or recompute: no decision exported (metrics off?)"
+    if not d.get("recompute_when_faster"):
+        return ("restore or recompute: off (--flatcake-recompute-when-faster=false): every "
+                "SSD run restored")
+    rate = d.get("prefill_tokens_per_s")
+    bw = d.get("restore_bytes_per_s")
+    priced = ", ".join(x for x in (f"prefill {rate:,.0f} tokens/s" if rate else "",
+                                   f"restore {bw / 2**20:,.0f} MiB/s" if bw else "") if x)
+    return (f"restore or recompute: {int(d.get('restored_requests', 0))} requests restored from "
+            f"SSD, {int(d.get('recomputed_requests', 0))} recomputed instead "
+            f"({int(d.get('recomputed_tokens', 0))} tokens), each priced from this server's "
+            f"rates now" + (f" ({priced})" if priced else ""))
 
 
 def plot(rows: list[dict], path: str) -> None:

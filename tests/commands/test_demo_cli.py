@@ -252,6 +252,25 @@ def test_closing_sentence_says_it_succeeded_what_it_measured_and_where_it_went()
     assert "Each of 2 backends" in two and "none 0, flatcake 250" in two
 
 
+def test_the_linker_says_what_it_recomputed_and_the_rates_it_priced_it_with():
+    from sglang_flatcake.commands.demo_report import decision_line
+    gauges = {"flatcake_linker_decision_recompute_when_faster": 1.0,
+              "flatcake_linker_decision_restored_requests": 3.0,
+              "flatcake_linker_decision_recomputed_requests": 5.0,
+              "flatcake_linker_decision_recomputed_tokens": 4096.0,
+              "flatcake_linker_decision_prefill_tokens_per_s": 36000.0,
+              "flatcake_linker_decision_restore_bytes_per_s": 512.0 * 2**20}
+    line = decision_line(gauges)
+    assert "3 requests restored from SSD, 5 recomputed instead (4096 tokens)" in line
+    assert "prefill 36,000 tokens/s, restore 512 MiB/s" in line
+    assert "off" in decision_line({**gauges, "flatcake_linker_decision_recompute_when_faster": 0})
+    assert "no decision exported" in decision_line({})
+    row = {**ROW, "backend": "flatcake-linker", "restored_tokens": 0, "flatcake": gauges}
+    s = closing_sentence([row], 1, 32, [])
+    assert "0 prompt tokens came back" in s and "5 requests recomputed their SSD part" in s
+    assert "recomputed" not in closing_sentence([{**row, "flatcake": {}}], 1, 32, [])
+
+
 def test_a_store_dir_that_is_a_file_is_named_as_a_file(tmp_path, layout, config):
     from sglang_flatcake.private_fs import private_dir
     from sglang_flatcake.store import FlatCakeStore

@@ -144,8 +144,16 @@ def test_demo_serves_every_request_of_the_slice(tmp_path):
     assert row["requests_sent"] == row["requests_served"] == len(rows)
     assert row["output_tokens"] == sum(x["output_length"] for x in rows)
     assert row["backend"] == "flatcake-linker"          # the default mode (docs/results.md)
-    assert row["restored_tokens"] > 0 and row["backup_tokens"] > 0
+    assert row["backup_tokens"] > 0
+    # Each SSD run is restored or, priced slower than recomputing on this machine, recomputed:
+    # whichever this machine's rates chose, the cache found the history and said what it did.
+    decided = row["flatcake"]
+    recomputed = decided["flatcake_linker_decision_recomputed_requests"]
+    assert row["restored_tokens"] > 0 or recomputed > 0, decided
+    if decided["flatcake_ssd_blocks_read"] > 0:                  # every SSD read was decided
+        assert decided["flatcake_linker_decision_restored_requests"] > 0, decided
     assert "flatcake placements" in r.stdout and "restored layer by layer" in r.stdout
+    assert f"{int(recomputed)} recomputed instead" in r.stdout, r.stdout[-3000:]
 
 
 def test_demo_prints_the_servers_one_line_error(tmp_path):

@@ -225,7 +225,7 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.admission.prefill.step()
         if self.metrics.enabled and time.monotonic() - self.metrics_at >= 1.0:
             self.metrics_at = time.monotonic()
-            self.metrics.export(self.store.stats())
+            self.metrics.export({**self.store.stats(), "linker": self.stats()})
         return self.offloader.num_completed()
 
     def pop_completed_offload(self) -> bool:
