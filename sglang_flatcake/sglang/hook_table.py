@@ -194,6 +194,8 @@ READS: tuple[Reads, ...] = (
           ("token_to_kv_pool_allocator", "page_size", "req_to_token_pool",
            "attn_tp_cache_group", "tp_cache_group", "pp_rank", "pp_size", "attn_cp_rank",
            "attn_cp_size"), "linker"),
+    Reads("sglang.srt.mem_cache.memory_pool.ReqToTokenPool", ("req_to_token", "free_slots"),
+          "linker"),
     Reads(_SA_, ("served_model_name", "model_path", "revision", "enable_metrics"), "linker"),
     # HiCache on a CPU server (cpu.py)
     Reads(_SA_, ("device", "hicache_io_backend", "hicache_mem_layout"), "cpu"),

@@ -41,7 +41,7 @@ from .lookup import Lookup
 from .prefill import PrefillClock
 from ..disk_probe import DiskProbe
 from .offload import Offloader
-from .signals import SlotKeys
+from .signals import SlotKeys, live_rows
 from ..counters import Counters
 from ..device_pool import DevicePool
 from ..metrics import MetricsExporter
@@ -107,10 +107,11 @@ class FlatCakeLinker(UnifiedCacheLinker):
             RankAgreement(params.attn_tp_cache_group or params.tp_cache_group),
             prefill=PrefillClock(self.finder.decider.prefill))
         self.slot_keys = SlotKeys()
-        rows = params.req_to_token_pool.req_to_token
-        self.offloader = Offloader(self.store, self.pool, rows, self.slot_keys,
-                                   nice=cfg.writer_nice,
-                                   max_backlog_bytes=cfg.offload_backlog_bytes)
+        rows_pool = params.req_to_token_pool
+        self.offloader = Offloader(self.store, self.pool, rows_pool.req_to_token,
+                                   self.slot_keys, nice=cfg.writer_nice,
+                                   max_backlog_bytes=cfg.offload_backlog_bytes,
+                                   live_rows=lambda: live_rows(rows_pool))
         self.queued: dict[str, Load] = {}
         self.running: dict[int, Batch] = {}
         self.recompute_tokens: dict[str, int] = {}     # rid -> tail tokens past its restore

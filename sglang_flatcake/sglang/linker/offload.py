@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ...errors import FlatCakeError
 from ...store_checks import label_for
@@ -47,8 +47,10 @@ class Offloader:
     stored for the backlog bound."""
 
     def __init__(self, store, pool, req_to_token, slot_keys: sig.SlotKeys, *, nice: int = 0,
-                 max_backlog_bytes: int = 1 << 62) -> None:
+                 max_backlog_bytes: int = 1 << 62,
+                 live_rows: Optional[Callable[[], Sequence[int]]] = None) -> None:
         self.store, self.pool, self.rows, self.slot_keys = store, pool, req_to_token, slot_keys
+        self.live_rows = live_rows                 # None: every row is searched
         self.nice, self.max_backlog = nice, max_backlog_bytes
         self.jobs: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
@@ -63,7 +65,8 @@ class Offloader:
     def submit(self, keys: list[str], slots, events: list, session_id: Optional[str]) -> None:
         """Queue one node (scheduler thread)."""
         page = self.pool.page
-        where = sig.find_in_rows(self.rows, slots, page)
+        where = sig.find_in_rows(self.rows, slots, page,
+                                 self.live_rows() if self.live_rows is not None else None)
         parent = self.slot_keys.get(where.parent_slot) if where.parent_slot is not None else None
         if parent is None and where.context is None and session_id:
             parent = self.session_last.get(session_id)

@@ -6,8 +6,12 @@ the turn, the existing context and the previous reply's length; they come from:
 
 - **context**: where the node starts in the request that inserts it.  The request's row
   of ``req_to_token`` (``params.req_to_token_pool``, handed to every linker) holds the
-  node's slots at tokens ``[p, p + len)``; ``p`` is the context.  A node found at no
-  page-aligned place of any row (or at two different places) has no context signal.
+  node's slots at tokens ``[p, p + len)``; ``p`` is the context.  Only the rows a request
+  holds now are searched (``live_rows``: every row but the pool's ``free_slots``): the
+  table has a row per possible running request (2,049 x 16,384 on the demo's CPU server),
+  and scanning all of it cost 5 ms per node on the scheduler thread, between the forward
+  and the request's first token.  A node found at no page-aligned place of a live row (or
+  at two different places) has no context signal.
 - **parent key**: the page before the node in that row, ``row[p - page]``, is a slot the
   linker offloaded or loaded earlier (every ancestor of a tree node was computed and
   offloaded, write-through, or loaded by the linker), so ``SlotKeys`` names its key.  With
@@ -21,8 +25,9 @@ the turn, the existing context and the previous reply's length; they come from:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from ...placement import WriteSignals
@@ -57,14 +62,32 @@ class Where:
     parent_slot: Optional[int]
 
 
-def find_in_rows(req_to_token: torch.Tensor, slots: torch.Tensor, page: int) -> Where:
-    """Where ``slots`` (one node, page aligned) sit in the request rows: the place every row
-    that holds all of them agrees on."""
+def live_rows(req_to_token_pool) -> list[int]:
+    """The rows of SGLang's ``ReqToTokenPool`` not in its ``free_slots`` (held by a request
+    now, and the padding row 0)."""
+    free = np.asarray(req_to_token_pool.free_slots, dtype=np.int64)
+    live = np.ones(req_to_token_pool.req_to_token.shape[0], dtype=bool)
+    live[free] = False
+    return np.flatnonzero(live).tolist()
+
+
+def find_in_rows(req_to_token: torch.Tensor, slots: torch.Tensor, page: int,
+                 rows_to_search: Optional[Sequence[int]] = None) -> Where:
+    """Where ``slots`` (one node, page aligned) sit in the request rows (only
+    ``rows_to_search`` when given): the place every row that holds all of them agrees on."""
     if req_to_token is None or slots.numel() == 0:
         return Where(None, None)
     rows = req_to_token
     s = slots.to(rows.device, rows.dtype).reshape(-1)
-    hits = (rows[:, ::page] == s[0]).nonzero().tolist()
+    heads = rows[:, ::page]
+    if rows_to_search is not None:
+        if not len(rows_to_search):
+            return Where(None, None)
+        which = torch.as_tensor(list(rows_to_search), dtype=torch.long)
+        heads = heads.index_select(0, which.to(rows.device))
+    hits = (heads == s[0]).nonzero().tolist()
+    if rows_to_search is not None:
+        hits = [(rows_to_search[i], c) for i, c in hits]
     places = set()
     n = s.numel()
     for r, c in hits:

@@ -37,6 +37,7 @@ from sglang_flatcake.sglang.linker.admission import (  # noqa: E402
 from sglang_flatcake.address import Medium  # noqa: E402
 
 from tests.support import chain, extend  # noqa: E402
+from tests.support.request_rows import held_rows  # noqa: E402
 
 PAGE, LAYERS, HEADS, DIM, SLOTS = 4, 3, 2, 8, 512
 BLOCK = PAGE * LAYERS * 2 * HEADS * DIM * 4
@@ -56,8 +57,7 @@ def make_linker(store_dir, **extra) -> FlatCakeLinker:
     kv = SimpleNamespace(k_buffer=k, v_buffer=v)
     params = CacheInitParams(
         disable=False, token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: kv),
-        page_size=PAGE, req_to_token_pool=SimpleNamespace(
-            req_to_token=torch.zeros((4, 256), dtype=torch.int32)))
+        page_size=PAGE, req_to_token_pool=held_rows(4, 256))
     cfg = {"store_dir": str(store_dir), "durable": False, "io_engine": "posix",
            "memory_bytes": "1MiB", "ssd_bytes": "64MiB", "extent_bytes": "64KiB", **extra}
     linker = FlatCakeLinker(SimpleNamespace(model_path="tiny", served_model_name=None, revision=None,

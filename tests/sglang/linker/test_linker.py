@@ -26,6 +26,7 @@ from sglang_flatcake.errors import ConfigError  # noqa: E402
 from sglang_flatcake.sglang.linker import FlatCakeLinker  # noqa: E402
 
 from tests.support import chain, extend  # noqa: E402
+from tests.support.request_rows import held_rows  # noqa: E402
 
 PAGE, LAYERS, HEADS, DIM, SLOTS = 4, 3, 2, 8, 512
 
@@ -41,10 +42,11 @@ class Server:
         self.k = [torch.zeros(SLOTS, HEADS, DIM) for _ in range(LAYERS)]
         self.v = [torch.zeros(SLOTS, HEADS, DIM) for _ in range(LAYERS)]
         kv = SimpleNamespace(k_buffer=self.k, v_buffer=self.v)
-        self.rows = torch.zeros((4, 256), dtype=torch.int32)
+        self.row_pool = held_rows(4, 256)    # SGLang's own ReqToTokenPool, every row held
+        self.rows = self.row_pool.req_to_token
         self.params = CacheInitParams(       # SGLang's own, with its defaults
             disable=False, token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: kv),
-            page_size=PAGE, req_to_token_pool=SimpleNamespace(req_to_token=self.rows))
+            page_size=PAGE, req_to_token_pool=self.row_pool)
         cfg = {"store_dir": str(store_dir), "durable": False, "io_engine": "posix",
                "memory_bytes": "1MiB", "ssd_bytes": "64MiB", "extent_bytes": "64KiB", **extra}
         self.linker = FlatCakeLinker(ARGS, self.params,
@@ -246,6 +248,43 @@ def test_a_node_at_two_different_places_has_no_context_signal():
     rows[1, 0:8] = 0
     rows[2, 12:16] = node[:4].to(torch.int32)      # a partial match does not count
     assert find_in_rows(rows, node, PAGE).context == 8
+
+
+def test_only_rows_a_request_holds_are_searched():
+    """A freed row still holds its old slots; SGLang's ``free_slots`` rules it out, so it
+    neither hides a node's place (two places: no signal) nor is scanned at all."""
+    from sglang_flatcake.sglang.linker.signals import find_in_rows, live_rows
+    pool = held_rows(4, 64)
+    rows, node = pool.req_to_token, slots(5, 2)
+    rows[2, 8:16] = node.to(torch.int32)
+    rows[2, 4:8] = torch.arange(100, 104, dtype=torch.int32)
+    rows[3, 0:8] = node.to(torch.int32)            # row 3: a finished request's, not yet reused
+    assert find_in_rows(rows, node, PAGE, live_rows(pool)).context is None   # both held
+    pool.free_rows([3])
+    assert live_rows(pool) == [0, 1, 2]
+    w = find_in_rows(rows, node, PAGE, live_rows(pool))
+    assert (w.context, w.parent_slot) == (8, 100)
+    assert find_in_rows(rows, node, PAGE).context is None          # every row: ambiguous
+    pool.free_rows([2])
+    assert find_in_rows(rows, node, PAGE, live_rows(pool)).context is None
+    assert find_in_rows(rows, node, PAGE, []).context is None
+
+
+def test_the_offloader_searches_the_rows_the_pool_holds(server, monkeypatch):
+    """The linker's offload reads SGLang's ``free_slots`` through ``live_rows``: a node whose
+    only other copy is in a freed row gets its context signal from the held row."""
+    from sglang_flatcake.sglang.linker import offload
+    found = []
+    real = offload.sig.find_in_rows
+    monkeypatch.setattr(offload.sig, "find_in_rows",
+                        lambda *a: found.append((a[3], real(*a))) or found[-1][1])
+    keys, src = chain(2, "held"), slots(5, 2)
+    server.rows[1, 8:16] = src.to(torch.int32)
+    server.rows[3, 0:8] = src.to(torch.int32)
+    server.row_pool.free_rows([3])
+    assert server.offload(keys, src)
+    ((searched, where),) = found
+    assert searched == [0, 1, 2] and where.context == 8
 
 
 def test_lookup_cuts_before_the_ssd_when_recomputing_is_faster(server):

@@ -29,6 +29,7 @@ from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # n
 from sglang_flatcake.commands.server import free_port  # noqa: E402
 from sglang_flatcake.sglang.linker import FlatCakeLinker  # noqa: E402
 from tests.support import chain  # noqa: E402
+from tests.support.request_rows import held_rows  # noqa: E402
 
 PAGE, LAYERS, LORA, ROPE, SLOTS = 4, 3, 32, 16, 256
 ARGS = SimpleNamespace(model_path="tiny-mla", served_model_name=None, revision=None,
@@ -41,10 +42,10 @@ def mla_pool() -> MLATokenToKVPool:
                             enable_memory_saver=False)
 
 
-def linker_over(pool, store_dir, rows) -> FlatCakeLinker:
+def linker_over(pool, store_dir, row_pool) -> FlatCakeLinker:
     params = CacheInitParams(disable=False, page_size=PAGE,
                              token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: pool),
-                             req_to_token_pool=SimpleNamespace(req_to_token=rows))
+                             req_to_token_pool=row_pool)
     cfg = {"store_dir": str(store_dir), "durable": False, "io_engine": "posix",
            "memory_bytes": 0, "ssd_bytes": "64MiB", "extent_bytes": "64KiB"}
     return FlatCakeLinker(ARGS, params, components={ComponentType.FULL}, extra_config=cfg)
@@ -62,8 +63,9 @@ def kv(pool, idx) -> torch.Tensor:
 def test_mla_pages_come_back_bit_exactly_into_poisoned_slots(tmp_path, monkeypatch, device):
     """``emulated``: the CPU pool served as device memory, so the load takes the GPU branch."""
     monkeypatch.setenv("FLATCAKE_EMULATE_DEVICE", "1" if device == "emulated" else "0")
-    pool, rows = mla_pool(), torch.zeros((4, 128), dtype=torch.int32)
-    linker = linker_over(pool, tmp_path / "store", rows)
+    pool, row_pool = mla_pool(), held_rows(4, 128)
+    rows = row_pool.req_to_token
+    linker = linker_over(pool, tmp_path / "store", row_pool)
     try:
         assert linker.pool.kind == "mla" and linker.store.layout.kind == "mla"
         keys, src = chain(6, "mla"), slots(1, 6)
