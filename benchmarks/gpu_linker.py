@@ -57,11 +57,14 @@ class Rig:
         self.pool = standin.Pool(torch, kind, LAYERS, SLOTS, heads, dim, torch.bfloat16, on)
         self.bufs = (list(self.pool.k_buffer) + list(self.pool.v_buffer) if kind == "mha"
                      else list(self.pool.kv_buffer))
+        # The request rows as SGLang's ReqToTokenPool holds them (the GPU machine has no
+        # SGLang to import it from): the table on the device, every row held (no free slots)
         self.rows = torch.zeros((4, SLOTS), dtype=torch.int32, device=on)
+        self.row_pool = SimpleNamespace(req_to_token=self.rows, free_slots=[])
         self.forward = torch.cuda.Stream() if on == "cuda" else None
         params = SimpleNamespace(
             token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: self.pool),
-            page_size=PAGE, req_to_token_pool=SimpleNamespace(req_to_token=self.rows),
+            page_size=PAGE, req_to_token_pool=self.row_pool,
             attn_tp_cache_group=None, tp_cache_group=None, pp_rank=0, pp_size=1,
             attn_cp_rank=0, attn_cp_size=1)
         args = SimpleNamespace(model_path="gpu-check", served_model_name=None, revision=None,
