@@ -17,6 +17,16 @@ from sglang_flatcake.commands import server as srv
 from sglang_flatcake.commands.processes import wait_until
 
 
+@pytest.fixture(autouse=True)
+def sigint_as_python_starts_it():
+    """Each test starts with Python's own SIGINT handler, whatever pytest inherited: started
+    as ``cmd &`` from a script, it inherits SIGINT ignored, and then ``caught()`` rightly
+    installs nothing (``test_an_ignored_sigint_stays_ignored``)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def ctrl_c_here() -> None:
     """SIGINT to this process, taken before this function returns (the loop's backward jump
     is where Python runs a pending handler, if ``os.kill`` itself did not)."""
