@@ -233,7 +233,10 @@ def test_demo_compare_rows_per_backend_at_small_scale(tmp_path):
     assert fc["host_pool_tokens"] >= 1.25 * 16384 and fc["host_pool_bytes"] > 0
     # linker mode: no host pool; its hits are what SGLang reports as host tokens
     assert lk["host_pool_bytes"] == 0 and lk["storage_tokens"] == 0
-    assert lk["host_tokens"] > 0 and lk["backup_tokens"] > 0 and lk["flatcake"]
+    assert lk["backup_tokens"] > 0 and lk["flatcake"]
+    # restored, or priced slower than recomputing on this machine and recomputed (CI saw both)
+    recomputed = lk["flatcake"]["flatcake_linker_decision_recomputed_requests"]
+    assert lk["host_tokens"] > 0 or recomputed > 0, lk["flatcake"]
     assert lk["host_memory_bytes"] < fc["host_memory_bytes"]
     if not missing:
         mc = rows["mooncake"]
