@@ -41,6 +41,7 @@ from .lookup import Lookup
 from .prefill import PrefillClock
 from ..disk_probe import DiskProbe
 from .offload import Offloader
+from .quiet import SchedulerQuiet
 from .signals import SlotKeys, live_rows
 from ..counters import Counters
 from ..device_pool import DevicePool
@@ -108,10 +109,11 @@ class FlatCakeLinker(UnifiedCacheLinker):
             prefill=PrefillClock(self.finder.decider.prefill))
         self.slot_keys = SlotKeys()
         rows_pool = params.req_to_token_pool
+        self.quiet = SchedulerQuiet() if cfg.writer_quiet else None   # steps: num_completed_offloads
         self.offloader = Offloader(self.store, self.pool, rows_pool.req_to_token,
                                    self.slot_keys, nice=cfg.writer_nice,
                                    max_backlog_bytes=cfg.offload_backlog_bytes,
-                                   live_rows=lambda: live_rows(rows_pool))
+                                   live_rows=lambda: live_rows(rows_pool), quiet=self.quiet)
         self.queued: dict[str, Load] = {}
         self.running: dict[int, Batch] = {}
         self.recompute_tokens: dict[str, int] = {}     # rid -> tail tokens past its restore
@@ -222,8 +224,10 @@ class FlatCakeLinker(UnifiedCacheLinker):
 
     def num_completed_offloads(self) -> int:
         """Called by SGLang once at the start of every scheduler step (also the prefill
-        clock's step)."""
+        clock's step, and the offload worker's: it writes between forwards)."""
         self.admission.prefill.step()
+        if self.quiet is not None:
+            self.quiet.step()
         if self.metrics.enabled and time.monotonic() - self.metrics_at >= 1.0:
             self.metrics_at = time.monotonic()
             self.metrics.export({**self.store.stats(), "linker": self.stats()})

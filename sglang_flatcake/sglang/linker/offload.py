@@ -8,9 +8,11 @@ ready events (the forward may still be writing the pages), skips the keys the st
 same rules as in HiCache mode.  Completions come back in submission order
 (``num_completed``/``pop_completed``); a failed write completes False and the tree keeps
 the node unstored.  Off the forward's path and bounded: the worker runs at ``nice``
-(``writer_priority``), and a node submitted while at least ``max_backlog_bytes`` of pages
-wait to be written is not stored (it completes False in its turn without being read, so its device
-pages, locked until its completion is popped, are not held by a slow disk).
+(``writer_priority``), writes only while the scheduler runs no forward (``quiet``, a
+``SchedulerQuiet``: it shares the forward's GIL; ``drain`` and ``close`` write at once), and a
+node submitted while at least ``max_backlog_bytes`` of pages wait to be written is not stored
+(it completes False in its turn without being read, so its device pages, locked until its
+completion is popped, are not held by a slow disk).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from ...errors import FlatCakeError
 from ...store_checks import label_for
 from . import signals as sig
+from .quiet import SchedulerQuiet
 from ..counters import Counters
 from ..stored_run import stored_run
 from ..writer_priority import lower_this_thread
@@ -44,21 +48,27 @@ class OffloadJob:
 
 class Offloader:
     """One worker thread; ``counters`` count pages written, skipped (stored), failed and not
-    stored for the backlog bound."""
+    stored for the backlog bound, and the writes that waited for a quiet scheduler (with the
+    milliseconds waited) or ran out of waiting (``writes_not_quiet``), and the milliseconds
+    spent writing (``write_ms``)."""
 
     def __init__(self, store, pool, req_to_token, slot_keys: sig.SlotKeys, *, nice: int = 0,
                  max_backlog_bytes: int = 1 << 62,
-                 live_rows: Optional[Callable[[], Sequence[int]]] = None) -> None:
+                 live_rows: Optional[Callable[[], Sequence[int]]] = None,
+                 quiet: Optional[SchedulerQuiet] = None) -> None:
         self.store, self.pool, self.rows, self.slot_keys = store, pool, req_to_token, slot_keys
         self.live_rows = live_rows                 # None: every row is searched
         self.nice, self.max_backlog = nice, max_backlog_bytes
+        self.quiet = quiet                         # None: write as soon as the pages are ready
+        self.hurry = threading.Event()             # set while drain/close wait: no quiet wait
         self.jobs: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
         self.session_last: dict[str, str] = {}     # session_id -> last key written for it
         self.lock = threading.Lock()
         self.backlog = 0                           # bytes of queued jobs not yet written
         self.counters = Counters("pages_already_stored", "pages_written", "pages_failed",
-                                 "offloads_failed", "pages_over_backlog")
+                                 "offloads_failed", "pages_over_backlog", "writes_waited",
+                                 "write_wait_ms", "writes_not_quiet", "write_ms")
         self.thread = threading.Thread(target=self._run, name="flatcake-offload", daemon=True)
         self.thread.start()
 
@@ -91,8 +101,13 @@ class Offloader:
         return self.done.get_nowait()
 
     def drain(self) -> None:
-        """Wait until every queued job has completed (its result stays to be popped)."""
-        self.jobs.join()
+        """Wait until every queued job has completed (its result stays to be popped); the
+        jobs write without waiting for a quiet scheduler (the caller is the scheduler)."""
+        self.hurry.set()
+        try:
+            self.jobs.join()
+        finally:
+            self.hurry.clear()
 
     def drop_results(self) -> None:
         while True:
@@ -102,6 +117,7 @@ class Offloader:
                 return
 
     def close(self) -> None:
+        self.hurry.set()
         self.jobs.put(None)
         self.thread.join()
 
@@ -117,13 +133,26 @@ class Offloader:
                     self.done.put(False)
                     continue
                 try:
+                    self._wait_quiet()
+                    t0 = time.monotonic()
                     ok = self._write(job)
+                    self.counters.add("write_ms", round((time.monotonic() - t0) * 1e3))
                 finally:
                     with self.lock:
                         self.backlog -= job.nbytes
                 self.done.put(ok)
             finally:
                 self.jobs.task_done()
+
+    def _wait_quiet(self) -> None:
+        if self.quiet is None or self.hurry.is_set():
+            return
+        waited = self.quiet.wait(self.hurry.is_set)
+        if waited < 0:
+            self.counters.add("writes_not_quiet")
+        elif waited > 0:
+            self.counters.add("writes_waited")
+            self.counters.add("write_wait_ms", round(waited * 1e3))
 
     def _write(self, job: OffloadJob) -> bool:
         try:

@@ -65,9 +65,9 @@ class Server:
         assert self.linker.offload([PoolTransfer(PoolName.KV, device_indices=slots, keys=keys)],
                                    session_id=session_id)
         deadline = time.monotonic() + 30
-        while self.linker.num_completed_offloads() == before:
-            assert time.monotonic() < deadline, "offload did not complete"
-            time.sleep(0.01)
+        while self.linker.num_completed_offloads() == before:   # an idle scheduler's steps:
+            assert time.monotonic() < deadline, "offload did not complete"   # the writer's
+            time.sleep(0.0002)                                   # quiet moment
         return self.linker.pop_completed_offload()
 
     def restore(self, keys, slots) -> bool:
@@ -311,7 +311,8 @@ def test_the_workers_counters_are_read_under_their_owners_lock(server):
     assert isinstance(lk.offloader.counters, Counters)
     st = lk.stats()
     assert st["offload"] == {"pages_already_stored": 0, "pages_written": 0, "pages_failed": 0,
-                             "offloads_failed": 0, "pages_over_backlog": 0}
+                             "offloads_failed": 0, "pages_over_backlog": 0, "writes_waited": 0,
+                             "write_wait_ms": 0, "writes_not_quiet": 0, "write_ms": 0}
     st["load"]["batches"] += 5                          # a copy
     assert lk.stats()["load"]["batches"] == 0
 
@@ -354,6 +355,37 @@ def test_the_offload_backlog_is_bounded_and_completions_keep_their_order(server)
         assert off.pop_completed() is True and lk.store.exists(c) == 2
     finally:
         off.close()
+
+
+def test_a_write_waits_while_the_scheduler_runs_a_forward(server):
+    """The worker shares the forward's GIL: a node offloaded as a step starts a forward is
+    written only once the scheduler's loop spins again (steps microseconds apart); the wait is
+    counted.  A ``/flush_cache`` (``reset``) drains the rest at once, forward or not."""
+    lk = server.linker
+    lk.quiet.asleep_s = 60.0                # no step for a while reads as "a long forward" here
+    a, b = chain(3, "qa"), chain(2, "qb")
+    server.fill(slots(90, 3), 41)
+    server.fill(slots(94, 2), 42)
+    lk.num_completed_offloads()                   # a step starts ...
+    time.sleep(0.01)                              # ... and runs a forward
+    assert lk.offload([PoolTransfer(PoolName.KV, device_indices=slots(90, 3), keys=a)])
+    time.sleep(0.3)
+    assert lk.store.exists(a) == 0 and lk.num_completed_offloads() == 0   # a step, 0.3 s later
+    deadline = time.monotonic() + 30
+    while lk.num_completed_offloads() == 0:       # the loop spins: the write goes
+        assert time.monotonic() < deadline, "the write never went"
+        time.sleep(0.0002)
+    assert lk.pop_completed_offload() is True and lk.store.exists(a) == 3
+    st = lk.stats()["offload"]
+    assert st["writes_waited"] == 1 and st["write_wait_ms"] >= 250 and st["writes_not_quiet"] == 0
+    lk.num_completed_offloads()
+    time.sleep(0.01)                              # another forward
+    assert lk.offload([PoolTransfer(PoolName.KV, device_indices=slots(94, 2), keys=b)])
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    lk.reset()                                    # drains: written without waiting (its
+    assert lk.store.exists(b) == 2                # quiet wait would run 2 s, then write)
+    assert time.monotonic() - t0 < 1.5 and lk.stats()["offload"]["writes_not_quiet"] == 0
 
 
 def test_the_offload_worker_runs_at_the_writer_nice(server):

@@ -1,0 +1,66 @@
+"""``SchedulerQuiet``: whether SGLang's scheduler is between forwards, for the offload worker.
+
+The offload worker shares the scheduler's process, and so its GIL: measured on the 2-core CPU
+server (docs/results.md, runs 13-16), a write beside a prefill made that prefill's forward
+10-43 ms longer, whatever the worker's nice (a low-priority thread that holds the GIL still
+holds it).  So the worker writes while the scheduler runs no forward.
+
+The scheduler calls ``step()`` at the start of every step (``FlatCakeLinker.num_completed_offloads``,
+from SGLang's ``check_hicache_events``).  Idle, SGLang's loop spins and its steps start
+microseconds apart; a step that runs a forward ends (and the next one starts) only when the
+forward is done.  ``quiet()`` is True when the last step started less than ``gap_s`` ago and
+the one before it less than ``gap_s`` before that (the loop spins: no forward), or when no
+step started for ``asleep_s`` (``--sleep-on-idle``: SGLang sleeps in a 1 s poll between
+steps; or a forward that long, which a write then shares).  ``wait`` polls ``quiet`` for at
+most ``max_wait_s``: a server that never idles still stores (its writes then share its
+forwards, as before, bounded by the offload backlog).  One writer (``step``, the scheduler
+thread), any readers: plain float attributes, read whole.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+GAP_S = 0.002          # steps this close together: the loop spins, no forward
+ASLEEP_S = 0.25        # no step this long: SGLang sleeps on idle (or one long forward)
+MAX_WAIT_S = 2.0       # a write waits for a quiet moment at most this long
+POLL_S = 0.0005
+
+
+class SchedulerQuiet:
+    """Step starts from the scheduler thread; ``quiet``/``wait`` from the offload worker."""
+
+    def __init__(self, gap_s: float = GAP_S, asleep_s: float = ASLEEP_S,
+                 max_wait_s: float = MAX_WAIT_S, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if not 0 < gap_s < asleep_s:
+            raise ValueError(f"gap_s={gap_s} must be > 0 and below asleep_s={asleep_s}")
+        self.gap_s, self.asleep_s, self.max_wait_s = gap_s, asleep_s, max_wait_s
+        self.clock, self.sleep = clock, sleep
+        self.last = float("-inf")      # when the last step started
+        self.gap = float("inf")        # how long after the one before it
+
+    def step(self) -> None:
+        """A scheduler step starts (scheduler thread)."""
+        now = self.clock()
+        self.gap = now - self.last
+        self.last = now
+
+    def quiet(self) -> bool:
+        """Whether the scheduler runs no forward now (see the module's docstring)."""
+        since = self.clock() - self.last
+        return since >= self.asleep_s or (since < self.gap_s and self.gap < self.gap_s)
+
+    def wait(self, stop: Callable[[], bool] = lambda: False) -> float:
+        """Block until ``quiet()``, ``stop()`` or ``max_wait_s`` passed; the seconds waited,
+        negative when the wait ran out (the caller then writes anyway)."""
+        if self.quiet():
+            return 0.0
+        start = self.clock()
+        while not (self.quiet() or stop()):
+            waited = self.clock() - start
+            if waited >= self.max_wait_s:
+                return -waited
+            self.sleep(POLL_S)
+        return self.clock() - start

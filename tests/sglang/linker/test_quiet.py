@@ -1,0 +1,86 @@
+"""``SchedulerQuiet``: between forwards or not, from the scheduler's step starts (a test clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_flatcake.sglang.linker.quiet import SchedulerQuiet
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def quiet_on(clock: Clock, **kw) -> SchedulerQuiet:
+    return SchedulerQuiet(gap_s=0.002, asleep_s=0.25, max_wait_s=1.0, clock=clock,
+                          sleep=clock.sleep, **kw)
+
+
+def steps(q: SchedulerQuiet, clock: Clock, n: int, apart_s: float) -> None:
+    for _ in range(n):
+        clock.now += apart_s
+        q.step()
+
+
+def test_a_spinning_loop_is_quiet_and_a_step_that_runs_a_forward_is_not():
+    clock = Clock()
+    q = quiet_on(clock)
+    assert q.quiet()                         # no step yet: nothing runs
+    steps(q, clock, 3, 0.0001)               # SGLang's idle loop: steps microseconds apart
+    assert q.quiet()
+    clock.now += 0.003                       # this step has run 3 ms: a forward
+    assert not q.quiet()
+    steps(q, clock, 1, 0.0)                  # the step after a 3 ms one: still not quiet
+    assert not q.quiet()
+    steps(q, clock, 1, 0.0005)               # the loop spins again
+    assert q.quiet()
+
+
+def test_decode_steps_are_not_quiet_and_a_sleeping_loop_is():
+    clock = Clock()
+    q = quiet_on(clock)
+    steps(q, clock, 5, 0.010)                # 10 ms decode steps back to back
+    assert not q.quiet()
+    clock.now += 0.3                         # --sleep-on-idle: no step for 0.3 s
+    assert q.quiet()
+
+
+def test_wait_returns_at_once_when_quiet_and_when_stopped_and_runs_out_otherwise():
+    clock = Clock()
+    q = quiet_on(clock)
+    assert q.wait() == 0.0
+    steps(q, clock, 3, 0.010)
+    start = clock.now
+    waited = q.wait(stop=lambda: clock.now - start >= 0.1)
+    assert 0.1 <= waited < 0.11
+    q.asleep_s = 10.0                        # a forward that never ends, for this test
+    waited = q.wait()
+    assert waited <= -1.0                    # ran out: the caller writes anyway
+
+
+def test_a_forward_ending_lets_the_wait_return():
+    clock = Clock()
+    q = quiet_on(clock)
+    steps(q, clock, 2, 0.0001)
+    clock.now += 0.050                       # inside a 50 ms forward
+    ends_at = clock.now + 0.020
+
+    def sleep(s: float) -> None:             # the scheduler's loop, seen from the worker
+        clock.now += s
+        if clock.now >= ends_at:
+            q.step()                         # steps again, microseconds apart
+    q.sleep = sleep
+    waited = q.wait()
+    assert 0.020 <= waited < 0.030 and q.quiet()
+
+
+def test_a_gap_not_below_the_sleep_threshold_is_refused():
+    with pytest.raises(ValueError, match="gap_s=0.5"):
+        SchedulerQuiet(gap_s=0.5, asleep_s=0.25)
