@@ -183,10 +183,11 @@ class SchedConfig:
             "the writes take what the forward leaves; 0: the forward's priority",
         allowed="0..19", ok=lambda v: 0 <= v <= 19)
     writer_quiet: bool = setting(
-        True, "linker mode: the offload worker writes while SGLang's scheduler runs no forward "
-              "(the worker shares the forward's GIL: a write beside a prefill made its forward "
-              "10-43 ms longer on a 2-core CPU server, whatever its nice), waiting at most 2 s "
-              "for such a moment, then writing anyway; false: as soon as the pages are ready")
+        True, "the threads that write KV to the store (the linker's offload worker, SGLang's "
+              "HiCache storage-backup thread) write while SGLang's scheduler runs no forward "
+              "(they share the forward's GIL: a write beside a prefill made its forward 10-43 ms "
+              "longer on a 2-core CPU server, whatever their nice), waiting at most 2 s for such "
+              "a moment, then writing anyway; false: as soon as the pages are ready")
     offload_backlog_bytes: int = setting(
         1 << 30, "linker mode: a node offloaded while this many KV bytes of device pages "
                  "already wait to be written is not stored (its device pages, locked until "

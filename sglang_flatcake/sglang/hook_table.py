@@ -88,8 +88,9 @@ HOOKS: tuple[Hook, ...] = (
          "SSD-preparing) instead of SGLang's storage -> host-pool prefetch", "hicache"),
     Hook(_SCH + "_get_new_batch_prefill_raw", "before", "hicache.scheduling:_prefill_before",
          ("self", "prefill_delayer_single_pass", "running_batch"),
-         "once per step: starts prefetches in priority order (direct restore into device KV "
-         "slots), publishes finished ones into the radix tree", "hicache"),
+         "once per step: marks the step's start for the writers (`quiet`), starts prefetches "
+         "in priority order (direct restore into device KV slots), publishes finished ones "
+         "into the radix tree", "hicache"),
     Hook(_URC + "check_prefetch_progress", "around", "hicache.scheduling:_progress_around",
          ("self", "request"),
          "the admission gate: an unpublished restore (or, with `--flatcake-single-queue`, an "

@@ -24,6 +24,7 @@ from ...store_checks import label_for
 from ..counters import Counters
 from ..lineage import continues
 from ..metrics import MetricsExporter
+from ..quiet import SchedulerQuiet
 from ..device_pool import kv_parts
 from .pages import HostPages
 from ..rank_store import open_rank_store, place_rank
@@ -97,6 +98,8 @@ class FlatCakeStorage(HiCacheStorage):
         # request, False when the direct path cannot serve this scheduler
         self.scheduling = None
         self.cluster = None                        # a ``cluster.node.ClusterNode`` when joined
+        # writes wait for a moment between forwards (stepped by the scheduling hooks)
+        self.quiet = SchedulerQuiet() if self.config.writer_quiet else None
         if self.config.cluster_directory and storage_config.tp_size * storage_config.pp_size > 1:
             raise ConfigError(f"--flatcake-cluster-directory={redact_url(self.config.cluster_directory)!r}: "
                               f"a cluster node runs with one rank for now (--tp-size 1, "
@@ -140,6 +143,8 @@ class FlatCakeStorage(HiCacheStorage):
         if not keys:
             return []
         lower_this_thread(self.config.writer_nice)       # SGLang's storage-backup thread
+        if self.quiet is not None:
+            self.quiet.wait()                              # between forwards (``quiet``)
         prefix = list(extra_info.prefix_keys or []) if extra_info is not None else []
         blocks = self.pages.gather(host_indices)
         sigs = self._signals(keys, prefix)
@@ -211,6 +216,7 @@ class FlatCakeStorage(HiCacheStorage):
         st["host_pool_bytes_for_ssd_hits"] = pool["bytes_for_ssd_hits"]
         st["direct"] = self.scheduling.stats() if self.scheduling else {}
         st["write_once"] = self.write_once.counters.snapshot()
+        st["quiet"] = self.quiet.counters.snapshot() if self.quiet is not None else {}
         st["signals"] = self.board.stats()
         if self.cluster is not None:
             st["cluster"] = self.cluster.stats()

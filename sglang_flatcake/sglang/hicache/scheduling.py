@@ -369,6 +369,9 @@ def _prefetch_around(original, scheduler, req, *a, **kw):
 
 
 def _prefill_before(scheduler, *a, **kw):
+    backend = flatcake_backend(scheduler.tree_cache.cache_controller)
+    if backend is not None and backend.quiet is not None:
+        backend.quiet.step()                 # a step starts: the writers' clock (``quiet``)
     st = state_of(scheduler)
     if st is not None:
         st.pump()

@@ -41,7 +41,7 @@ from .lookup import Lookup
 from .prefill import PrefillClock
 from ..disk_probe import DiskProbe
 from .offload import Offloader
-from .quiet import SchedulerQuiet
+from ..quiet import SchedulerQuiet
 from .signals import SlotKeys, live_rows
 from ..counters import Counters
 from ..device_pool import DevicePool
@@ -262,4 +262,5 @@ class FlatCakeLinker(UnifiedCacheLinker):
         return {**self.counters.snapshot(), "load": self.loader.counters.snapshot(),
                 "offload": self.offloader.counters.snapshot(), "decision": self.finder.stats(),
                 "damaged_pages": len(self.loader.damaged),
+                "quiet": self.quiet.counters.snapshot() if self.quiet is not None else {},
                 "admission": self.admission.counters.snapshot()}

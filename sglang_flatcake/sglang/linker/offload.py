@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from ...errors import FlatCakeError
 from ...store_checks import label_for
 from . import signals as sig
-from .quiet import SchedulerQuiet
+from ..quiet import SchedulerQuiet
 from ..counters import Counters
 from ..stored_run import stored_run
 from ..writer_priority import lower_this_thread
@@ -48,9 +48,8 @@ class OffloadJob:
 
 class Offloader:
     """One worker thread; ``counters`` count pages written, skipped (stored), failed and not
-    stored for the backlog bound, and the writes that waited for a quiet scheduler (with the
-    milliseconds waited) or ran out of waiting (``writes_not_quiet``), and the milliseconds
-    spent writing (``write_ms``)."""
+    stored for the backlog bound, and the milliseconds spent writing (``write_ms``; the waits
+    for a quiet scheduler are ``quiet``'s)."""
 
     def __init__(self, store, pool, req_to_token, slot_keys: sig.SlotKeys, *, nice: int = 0,
                  max_backlog_bytes: int = 1 << 62,
@@ -67,8 +66,7 @@ class Offloader:
         self.lock = threading.Lock()
         self.backlog = 0                           # bytes of queued jobs not yet written
         self.counters = Counters("pages_already_stored", "pages_written", "pages_failed",
-                                 "offloads_failed", "pages_over_backlog", "writes_waited",
-                                 "write_wait_ms", "writes_not_quiet", "write_ms")
+                                 "offloads_failed", "pages_over_backlog", "write_ms")
         self.thread = threading.Thread(target=self._run, name="flatcake-offload", daemon=True)
         self.thread.start()
 
@@ -145,14 +143,8 @@ class Offloader:
                 self.jobs.task_done()
 
     def _wait_quiet(self) -> None:
-        if self.quiet is None or self.hurry.is_set():
-            return
-        waited = self.quiet.wait(self.hurry.is_set)
-        if waited < 0:
-            self.counters.add("writes_not_quiet")
-        elif waited > 0:
-            self.counters.add("writes_waited")
-            self.counters.add("write_wait_ms", round(waited * 1e3))
+        if self.quiet is not None and not self.hurry.is_set():
+            self.quiet.wait(self.hurry.is_set)
 
     def _write(self, job: OffloadJob) -> bool:
         try:

@@ -223,3 +223,37 @@ def test_the_storage_backup_thread_writes_at_the_writer_nice(tmp_path, nice):
         assert out["nice"] == (max(base, nice) if nice else base)
     finally:
         be.close()
+
+
+def test_the_storage_backup_thread_writes_between_forwards(tmp_path):
+    """``batch_set_v1`` on SGLang's backup thread waits while the scheduler runs a forward (the
+    ``_get_new_batch_prefill_raw`` hook steps ``backend.quiet`` as each step starts) and
+    writes once its loop spins again; a call on the main thread never waits."""
+    import threading
+    import time
+    from sglang_flatcake.sglang.hicache.scheduling import _prefill_before
+    be = FlatCakeStorage(storage_config(tmp_path), host_pool())
+    controller = SimpleNamespace(storage_backend_type="flatcake", storage_backend=be)
+    scheduler = SimpleNamespace(tree_cache=SimpleNamespace(cache_controller=controller))
+    try:
+        info = hs.HiCacheStorageExtraInfo(prefix_keys=[])
+        be.quiet.asleep_s = 60.0              # no step for a while reads as "a long forward"
+        _prefill_before(scheduler)            # a step starts ... and runs a forward
+        time.sleep(0.01)
+        assert be.batch_set_v1(chain(1, "q0"), token_indices([0]), info) == [True]  # main
+        keys, out = chain(2, "q"), {}
+        t = threading.Thread(target=lambda: out.update(
+            ok=be.batch_set_v1(keys, token_indices([2, 3]), info)))
+        t.start()
+        time.sleep(0.3)
+        assert "ok" not in out and be.batch_exists(keys) == 0
+        deadline = time.monotonic() + 30
+        while t.is_alive():                    # the loop spins: the write goes
+            assert time.monotonic() < deadline, "the write never went"
+            _prefill_before(scheduler)
+            time.sleep(0.0002)
+        assert out["ok"] == [True] * 2 and be.batch_exists(keys) == 2
+        q = be.get_stats().flatcake["quiet"]
+        assert q["waits"] == 1 and q["wait_ms"] >= 250 and q["waits_run_out"] == 0
+    finally:
+        be.close()

@@ -1,26 +1,32 @@
-"""``SchedulerQuiet``: whether SGLang's scheduler is between forwards, for the offload worker.
+"""``SchedulerQuiet``: whether SGLang's scheduler is between forwards, for the KV writers.
 
-The offload worker shares the scheduler's process, and so its GIL: measured on the 2-core CPU
-server (docs/results.md, runs 13-16), a write beside a prefill made that prefill's forward
-10-43 ms longer, whatever the worker's nice (a low-priority thread that holds the GIL still
-holds it).  So the worker writes while the scheduler runs no forward.
+The threads that write KV to the store (the linker's offload worker; in HiCache mode SGLang's
+storage-backup thread, in ``batch_set_v1``) share the scheduler's process, and so its GIL:
+measured on the 2-core CPU server (docs/results.md, runs 13-17), a write beside a prefill made
+that prefill's forward 10-43 ms longer, whatever the writer's nice (a low-priority thread that
+holds the GIL still holds it).  So the writers write while the scheduler runs no forward.
 
-The scheduler calls ``step()`` at the start of every step (``FlatCakeLinker.num_completed_offloads``,
-from SGLang's ``check_hicache_events``).  Idle, SGLang's loop spins and its steps start
+The scheduler calls ``step()`` at the start of every step (linker mode:
+``FlatCakeLinker.num_completed_offloads``, from SGLang's ``check_hicache_events``; HiCache
+mode: the ``_get_new_batch_prefill_raw`` hook, ``hicache.scheduling``).  Idle, SGLang's loop spins and its steps start
 microseconds apart; a step that runs a forward ends (and the next one starts) only when the
 forward is done.  ``quiet()`` is True when the last step started less than ``gap_s`` ago and
 the one before it less than ``gap_s`` before that (the loop spins: no forward), or when no
 step started for ``asleep_s`` (``--sleep-on-idle``: SGLang sleeps in a 1 s poll between
 steps; or a forward that long, which a write then shares).  ``wait`` polls ``quiet`` for at
 most ``max_wait_s``: a server that never idles still stores (its writes then share its
-forwards, as before, bounded by the offload backlog).  One writer (``step``, the scheduler
-thread), any readers: plain float attributes, read whole.
+forwards, as before).  One writer of the step times (``step``, the scheduler thread), any
+readers: plain float attributes, read whole; ``counters`` count the waits (``waits``,
+``wait_ms``) and those that ran out (``waits_run_out``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
+
+from .counters import Counters
 
 GAP_S = 0.002          # steps this close together: the loop spins, no forward
 ASLEEP_S = 0.25        # no step this long: SGLang sleeps on idle (or one long forward)
@@ -40,6 +46,7 @@ class SchedulerQuiet:
         self.clock, self.sleep = clock, sleep
         self.last = float("-inf")      # when the last step started
         self.gap = float("inf")        # how long after the one before it
+        self.counters = Counters("waits", "wait_ms", "waits_run_out")
 
     def step(self) -> None:
         """A scheduler step starts (scheduler thread)."""
@@ -54,13 +61,18 @@ class SchedulerQuiet:
 
     def wait(self, stop: Callable[[], bool] = lambda: False) -> float:
         """Block until ``quiet()``, ``stop()`` or ``max_wait_s`` passed; the seconds waited,
-        negative when the wait ran out (the caller then writes anyway)."""
-        if self.quiet():
+        negative when the wait ran out (the caller then writes anyway).  Never blocks the main
+        thread (the scheduler's own: it would wait for itself): 0.0 there."""
+        if self.quiet() or threading.current_thread() is threading.main_thread():
             return 0.0
         start = self.clock()
         while not (self.quiet() or stop()):
             waited = self.clock() - start
             if waited >= self.max_wait_s:
+                self.counters.add("waits_run_out")
                 return -waited
             self.sleep(POLL_S)
-        return self.clock() - start
+        waited = self.clock() - start
+        self.counters.add("waits")
+        self.counters.add("wait_ms", round(waited * 1e3))
+        return waited

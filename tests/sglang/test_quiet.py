@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from sglang_flatcake.sglang.linker.quiet import SchedulerQuiet
+from sglang_flatcake.sglang.quiet import SchedulerQuiet
 
 
 class Clock:
@@ -27,6 +29,16 @@ def steps(q: SchedulerQuiet, clock: Clock, n: int, apart_s: float) -> None:
     for _ in range(n):
         clock.now += apart_s
         q.step()
+
+
+def off_main(fn):
+    """``fn()`` on a thread of its own, as the writers call ``wait``; its answer."""
+    got = []
+    t = threading.Thread(target=lambda: got.append(fn()))
+    t.start()
+    t.join(30)
+    assert got, "the wait did not return"
+    return got[0]
 
 
 def test_a_spinning_loop_is_quiet_and_a_step_that_runs_a_forward_is_not():
@@ -55,14 +67,17 @@ def test_decode_steps_are_not_quiet_and_a_sleeping_loop_is():
 def test_wait_returns_at_once_when_quiet_and_when_stopped_and_runs_out_otherwise():
     clock = Clock()
     q = quiet_on(clock)
-    assert q.wait() == 0.0
+    assert off_main(q.wait) == 0.0
     steps(q, clock, 3, 0.010)
     start = clock.now
-    waited = q.wait(stop=lambda: clock.now - start >= 0.1)
+    waited = off_main(lambda: q.wait(stop=lambda: clock.now - start >= 0.1))
     assert 0.1 <= waited < 0.11
     q.asleep_s = 10.0                        # a forward that never ends, for this test
-    waited = q.wait()
+    assert q.wait() == 0.0                   # the main thread (the scheduler's) never waits
+    waited = off_main(q.wait)
     assert waited <= -1.0                    # ran out: the caller writes anyway
+    c = q.counters.snapshot()
+    assert c["waits"] == 1 and 100 <= c["wait_ms"] <= 110 and c["waits_run_out"] == 1
 
 
 def test_a_forward_ending_lets_the_wait_return():
@@ -77,7 +92,7 @@ def test_a_forward_ending_lets_the_wait_return():
         if clock.now >= ends_at:
             q.step()                         # steps again, microseconds apart
     q.sleep = sleep
-    waited = q.wait()
+    waited = off_main(q.wait)
     assert 0.020 <= waited < 0.030 and q.quiet()
 
 
