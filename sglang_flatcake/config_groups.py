@@ -186,8 +186,9 @@ class SchedConfig:
         True, "the threads that write KV to the store (the linker's offload worker, SGLang's "
               "HiCache storage-backup thread) write while SGLang's scheduler runs no forward "
               "(they share the forward's GIL: a write beside a prefill made its forward 10-43 ms "
-              "longer on a 2-core CPU server, whatever their nice), waiting at most 2 s for such "
-              "a moment, then writing anyway; false: as soon as the pages are ready")
+              "longer on a 2-core CPU server, whatever their nice); once the scheduler has been busy "
+              "2 s without such a moment they write at once, so a server that never idles still "
+              "stores at its full rate; false: as soon as the pages are ready")
     offload_backlog_bytes: int = setting(
         1 << 30, "linker mode: a node offloaded while this many KV bytes of device pages "
                  "already wait to be written is not stored (its device pages, locked until "

@@ -13,9 +13,12 @@ microseconds apart; a step that runs a forward ends (and the next one starts) on
 forward is done.  ``quiet()`` is True when the last step started less than ``gap_s`` ago and
 the one before it less than ``gap_s`` before that (the loop spins: no forward), or when no
 step started for ``asleep_s`` (``--sleep-on-idle``: SGLang sleeps in a 1 s poll between
-steps; or a forward that long, which a write then shares).  ``wait`` polls ``quiet`` for at
-most ``max_wait_s``: a server that never idles still stores (its writes then share its
-forwards, as before).  One writer of the step times (``step``, the scheduler thread), any
+steps; or a forward that long, which a write then shares).  ``wait`` polls ``quiet`` until
+the scheduler has been busy for ``max_wait_s`` since it was last quiet (``quiet_at``: the last
+step that followed another within ``gap_s``): a server that never idles still stores, and at
+its full rate (once it has been busy that long, every write goes at once and shares its
+forwards, as before; a per-write limit would let through one write per ``max_wait_s``).  One
+writer of the step times (``step``, the scheduler thread), any
 readers: plain float attributes, read whole; ``counters`` count the waits (``waits``,
 ``wait_ms``) and those that ran out (``waits_run_out``).
 """
@@ -30,7 +33,7 @@ from .counters import Counters
 
 GAP_S = 0.002          # steps this close together: the loop spins, no forward
 ASLEEP_S = 0.25        # no step this long: SGLang sleeps on idle (or one long forward)
-MAX_WAIT_S = 2.0       # a write waits for a quiet moment at most this long
+MAX_WAIT_S = 2.0       # writes wait for a quiet moment while the busy spell is shorter
 POLL_S = 0.0005
 
 
@@ -46,6 +49,7 @@ class SchedulerQuiet:
         self.clock, self.sleep = clock, sleep
         self.last = float("-inf")      # when the last step started
         self.gap = float("inf")        # how long after the one before it
+        self.quiet_at = clock()        # the last step of a spinning loop (from the start)
         self.counters = Counters("waits", "wait_ms", "waits_run_out")
 
     def step(self) -> None:
@@ -53,6 +57,8 @@ class SchedulerQuiet:
         now = self.clock()
         self.gap = now - self.last
         self.last = now
+        if self.gap < self.gap_s:
+            self.quiet_at = now
 
     def quiet(self) -> bool:
         """Whether the scheduler runs no forward now (see the module's docstring)."""
@@ -60,17 +66,18 @@ class SchedulerQuiet:
         return since >= self.asleep_s or (since < self.gap_s and self.gap < self.gap_s)
 
     def wait(self, stop: Callable[[], bool] = lambda: False) -> float:
-        """Block until ``quiet()``, ``stop()`` or ``max_wait_s`` passed; the seconds waited,
-        negative when the wait ran out (the caller then writes anyway).  Never blocks the main
-        thread (the scheduler's own: it would wait for itself): 0.0 there."""
+        """Block until ``quiet()``, ``stop()``, or the scheduler has been busy ``max_wait_s``
+        since ``quiet_at``; the seconds waited, negative when the wait ran out (the caller then
+        writes anyway).  Never blocks the main thread (the scheduler's own: it would wait for
+        itself): 0.0 there."""
         if self.quiet() or threading.current_thread() is threading.main_thread():
             return 0.0
         start = self.clock()
         while not (self.quiet() or stop()):
-            waited = self.clock() - start
-            if waited >= self.max_wait_s:
+            now = self.clock()
+            if now - self.quiet_at >= self.max_wait_s:
                 self.counters.add("waits_run_out")
-                return -waited
+                return -(now - start)
             self.sleep(POLL_S)
         waited = self.clock() - start
         self.counters.add("waits")

@@ -75,9 +75,10 @@ def test_wait_returns_at_once_when_quiet_and_when_stopped_and_runs_out_otherwise
     q.asleep_s = 10.0                        # a forward that never ends, for this test
     assert q.wait() == 0.0                   # the main thread (the scheduler's) never waits
     waited = off_main(q.wait)
-    assert waited <= -1.0                    # ran out: the caller writes anyway
+    assert waited < 0 and clock.now - q.quiet_at >= 1.0   # busy 1 s: ran out, write anyway
+    assert off_main(q.wait) == -0.0          # still busy: the next write waits no more
     c = q.counters.snapshot()
-    assert c["waits"] == 1 and 100 <= c["wait_ms"] <= 110 and c["waits_run_out"] == 1
+    assert c["waits"] == 1 and 100 <= c["wait_ms"] <= 110 and c["waits_run_out"] == 2
 
 
 def test_a_forward_ending_lets_the_wait_return():
@@ -94,6 +95,24 @@ def test_a_forward_ending_lets_the_wait_return():
     q.sleep = sleep
     waited = off_main(q.wait)
     assert 0.020 <= waited < 0.030 and q.quiet()
+
+
+def test_a_busy_spell_is_timed_from_the_last_spinning_step_not_from_each_wait():
+    """Under steady load (decode steps back to back) every write waits out the same spell,
+    not ``max_wait_s`` each, so a server that never idles still writes at its full rate; the
+    loop spinning again starts a new spell."""
+    clock = Clock()
+    q = quiet_on(clock)
+    steps(q, clock, 3, 0.0001)                # spinning: quiet_at is now
+    spun = q.quiet_at
+    assert spun == clock.now
+    steps(q, clock, 30, 0.010)               # 0.3 s of 10 ms decode steps
+    assert q.quiet_at == spun and not q.quiet()
+    q.sleep = lambda s: (setattr(clock, "now", clock.now + s), q.step())  # steps every poll
+    q.gap_s = 0.0001                         # ... too far apart to read as spinning
+    first = off_main(q.wait)
+    assert first < 0 and clock.now - spun >= 1.0 and -first < 0.75   # waited the rest only
+    assert off_main(q.wait) == -0.0 and off_main(q.wait) == -0.0     # then none
 
 
 def test_a_gap_not_below_the_sleep_threshold_is_refused():

@@ -238,6 +238,7 @@ def test_the_storage_backup_thread_writes_between_forwards(tmp_path):
     try:
         info = hs.HiCacheStorageExtraInfo(prefix_keys=[])
         be.quiet.asleep_s = 60.0              # no step for a while reads as "a long forward"
+        be.quiet.max_wait_s = 60.0            # ... and never runs out (CI can be slow)
         _prefill_before(scheduler)            # a step starts ... and runs a forward
         time.sleep(0.01)
         assert be.batch_set_v1(chain(1, "q0"), token_indices([0]), info) == [True]  # main

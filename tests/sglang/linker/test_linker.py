@@ -363,6 +363,7 @@ def test_a_write_waits_while_the_scheduler_runs_a_forward(server):
     counted.  A ``/flush_cache`` (``reset``) drains the rest at once, forward or not."""
     lk = server.linker
     lk.quiet.asleep_s = 60.0                # no step for a while reads as "a long forward" here
+    lk.quiet.max_wait_s = 60.0              # ... and never runs out (CI can be slow)
     a, b = chain(3, "qa"), chain(2, "qb")
     server.fill(slots(90, 3), 41)
     server.fill(slots(94, 2), 42)
@@ -384,7 +385,7 @@ def test_a_write_waits_while_the_scheduler_runs_a_forward(server):
     time.sleep(0.05)
     t0 = time.monotonic()
     lk.reset()                                    # drains: written without waiting (its
-    assert lk.store.exists(b) == 2                # quiet wait would run 2 s, then write)
+    assert lk.store.exists(b) == 2                # quiet wait would run 60 s, then write)
     assert time.monotonic() - t0 < 1.5 and lk.stats()["quiet"]["waits_run_out"] == 0
 
 
