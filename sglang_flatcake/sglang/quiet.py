@@ -8,8 +8,8 @@ holds the GIL still holds it).  So the writers write while the scheduler runs no
 
 The scheduler calls ``step()`` at the start of every step (linker mode:
 ``FlatCakeLinker.num_completed_offloads``, from SGLang's ``check_hicache_events``; HiCache
-mode: the ``_get_new_batch_prefill_raw`` hook, ``hicache.scheduling``).  Idle, SGLang's loop spins and its steps start
-microseconds apart; a step that runs a forward ends (and the next one starts) only when the
+mode: the ``_get_new_batch_prefill_raw`` hook, ``hicache.scheduling``).  Idle, SGLang's loop
+spins and its steps start microseconds apart; a step that runs a forward ends (and the next one starts) only when the
 forward is done.  ``quiet()`` is True when the last step started less than ``gap_s`` ago and
 the one before it less than ``gap_s`` before that (the loop spins: no forward), or when no
 step started for ``asleep_s`` (``--sleep-on-idle``: SGLang sleeps in a 1 s poll between
@@ -18,8 +18,8 @@ the scheduler has been busy for ``max_wait_s`` since it was last quiet (``quiet_
 step that followed another within ``gap_s``): a server that never idles still stores, and at
 its full rate (once it has been busy that long, every write goes at once and shares its
 forwards, as before; a per-write limit would let through one write per ``max_wait_s``).  One
-writer of the step times (``step``, the scheduler thread), any
-readers: plain float attributes, read whole; ``counters`` count the waits (``waits``,
+writer of the step times (``step``, the scheduler thread), any readers: plain float
+attributes, read whole; ``counters`` count the waits (``waits``,
 ``wait_ms``) and those that ran out (``waits_run_out``).
 """
 
@@ -38,7 +38,7 @@ POLL_S = 0.0005
 
 
 class SchedulerQuiet:
-    """Step starts from the scheduler thread; ``quiet``/``wait`` from the offload worker."""
+    """Step starts from the scheduler thread; ``quiet``/``wait`` from the writer threads."""
 
     def __init__(self, gap_s: float = GAP_S, asleep_s: float = ASLEEP_S,
                  max_wait_s: float = MAX_WAIT_S, clock: Callable[[], float] = time.monotonic,

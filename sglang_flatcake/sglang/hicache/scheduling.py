@@ -344,10 +344,12 @@ class FlatCakeScheduling:
                 "single_queue": self.single_queue}
 
 
-def state_of(scheduler) -> FlatCakeScheduling | None:
-    """The scheduler's flatcake state, kept by its flatcake backend (``backend.scheduling``)
-    and created on first use; None for other backends or when the direct path is off."""
-    backend = flatcake_backend(scheduler.tree_cache.cache_controller)
+def state_of(scheduler, backend: Any = None) -> FlatCakeScheduling | None:
+    """The scheduler's flatcake state, kept by its flatcake backend (``backend.scheduling``;
+    looked up when not given) and created on first use; None for other backends or when the
+    direct path is off."""
+    if backend is None:
+        backend = flatcake_backend(scheduler.tree_cache.cache_controller)
     if backend is None or backend.store is None:
         return None
     if backend.scheduling is None:
@@ -370,9 +372,11 @@ def _prefetch_around(original, scheduler, req, *a, **kw):
 
 def _prefill_before(scheduler, *a, **kw):
     backend = flatcake_backend(scheduler.tree_cache.cache_controller)
-    if backend is not None and backend.quiet is not None:
+    if backend is None:
+        return
+    if backend.quiet is not None:
         backend.quiet.step()                 # a step starts: the writers' clock (``quiet``)
-    st = state_of(scheduler)
+    st = state_of(scheduler, backend)
     if st is not None:
         st.pump()
 
