@@ -112,6 +112,7 @@ class ClusterNode:
                 "forged_entries": d.forged, "purged_entries": d.purged, "lease_lost": d.lost,
                 "owner": dict(self.service.counters), "set_aside": self.reader.set_aside,
                 "registered_bytes": self.engine.registered_bytes,
+                "transfer_retries": self.engine.retried,
                 "engine_exposed_ports": len(self.engine.exposed)}
 
     def close(self) -> None:

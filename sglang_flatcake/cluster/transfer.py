@@ -58,6 +58,11 @@ class Engine:
 
     MAX_LATE = 8                      # abandoned reads in flight, all peers together
     MAX_LATE_PER_PEER = 2             # ... per peer: one stalled peer stops only itself
+    # a batch that failed (not one still running) is sent once more: over tcp the engine's
+    # pooled connection to a peer can be dead (seen in CI: "failed to read READ status frame.
+    # End of file" from a live owner), and the engine opens a new one for the next batch;
+    # reads are idempotent, and the caller's ``wait`` bounds both tries together
+    RETRIES = 1
 
     def __init__(self, host: str = "127.0.0.1", protocol: str = "tcp",
                  metadata: str = "P2PHANDSHAKE", device: str = "") -> None:
@@ -82,6 +87,7 @@ class Engine:
                         ", ".join(self.exposed), host)
         self._registered: dict[int, np.ndarray] = {}   # addr -> buffer, kept alive while registered
         self._late: dict[str, int] = {}
+        self._retried = 0
         self._lock = threading.Lock()
 
     def register(self, buf: np.ndarray) -> int:
@@ -111,6 +117,12 @@ class Engine:
         with self._lock:
             return sum(b.nbytes for b in self._registered.values())
 
+    @property
+    def retried(self) -> int:
+        """Batches sent once more after a failure (``RETRIES``), since the engine started."""
+        with self._lock:
+            return self._retried
+
     def late(self, peer: str) -> int:
         """Abandoned reads from ``peer`` still in flight."""
         with self._lock:
@@ -138,10 +150,16 @@ class Engine:
 
         def work() -> None:
             try:
-                bid = self._te.batch_transfer_async_read(peer, list(local), list(remote),
-                                                         list(lengths))
-                out["status"] = (-1 if bid <= 0 else self._poll(bid) if len(local) == 1
-                                 else self._te.get_batch_transfer_status([bid]))
+                for attempt in range(1 + self.RETRIES):
+                    if attempt:
+                        with self._lock:
+                            self._retried += 1
+                    bid = self._te.batch_transfer_async_read(peer, list(local), list(remote),
+                                                             list(lengths))
+                    out["status"] = (-1 if bid <= 0 else self._poll(bid) if len(local) == 1
+                                     else self._te.get_batch_transfer_status([bid]))
+                    if out["status"] == 0:
+                        break
             finally:
                 done.set()
 

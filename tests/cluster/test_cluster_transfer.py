@@ -304,6 +304,63 @@ def test_read_returns_only_once_every_entry_has_landed(engine):
         peer.close()
 
 
+class _StatusFailsFirst:
+    """Mooncake's real TransferEngine, but the first ``fail`` batches it finishes report
+    failure (after really landing): what a dead pooled tcp connection looks like to us."""
+
+    def __init__(self, real, fail: int) -> None:
+        self.real, self.fail = real(), fail
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def _lie(self, st_ok: bool, st):
+        if st_ok and self.fail > 0:
+            self.fail -= 1
+            return -1
+        return st
+
+    def transfer_check_status(self, bid):
+        while (st := self.real.transfer_check_status(bid)) == 0:
+            time.sleep(0.0005)
+        return self._lie(st == 1, st)
+
+    def get_batch_transfer_status(self, bids):
+        st = self.real.get_batch_transfer_status(bids)
+        return self._lie(st == 0, st)
+
+
+@pytest.mark.parametrize("fail", [1, 2])
+def test_a_failed_batch_is_sent_once_more(monkeypatch, fail):
+    """One failed batch is retried and lands; a peer that fails twice is a failed read
+    (one retry, within the caller's bound)."""
+    import mooncake.engine as mooncake_engine
+    peer = Engine("127.0.0.1")
+    real = mooncake_engine.TransferEngine
+    made: list[_StatusFailsFirst] = []
+    monkeypatch.setattr(mooncake_engine, "TransferEngine",
+                        lambda: made.append(_StatusFailsFirst(real, fail)) or made[-1])
+    flaky = Engine("127.0.0.1")
+    try:
+        src = np.random.default_rng(3).integers(0, 256, 1 << 20, np.uint8)
+        src_addr = peer.register(src)
+        for entries in ([(0, 1 << 20)], [(0, 4096), (4096, (1 << 20) - 4096)]):
+            before = flaky.retried
+            made[0].fail = fail
+            dst = np.zeros(1 << 20, np.uint8)
+            r = flaky.read(peer.session, [dst.ctypes.data + o for o, _ in entries],
+                           [src_addr + o for o, _ in entries], [n for _, n in entries], BOUND)
+            assert flaky.retried - before == 1
+            if fail == 1:
+                assert r.ok, r.reason
+                np.testing.assert_array_equal(dst, src)
+            else:
+                assert (r.ok, r.reason) == (False, "failed")
+    finally:
+        flaky.close()
+        peer.close()
+
+
 def test_bad_arguments(engine):
     from sglang_flatcake.errors import ConfigError
     with pytest.raises(ConfigError, match="timeout_s=0"):
