@@ -154,7 +154,10 @@ def decision_line(m: dict) -> str:
                 "SSD run restored")
     rate = d.get("prefill_tokens_per_s")
     bw = d.get("restore_bytes_per_s")
+    margin = d.get("prefill_marginal_s_per_token")
     priced = ", ".join(x for x in (f"prefill {rate:,.0f} tokens/s" if rate else "",
+                                   f"{margin * 1e6:,.1f} us a recomputed token at the margin"
+                                   if margin is not None else "",
                                    f"restore {bw / 2**20:,.0f} MiB/s" if bw else "") if x)
     return (f"restore or recompute: {int(d.get('restored_requests', 0))} requests restored from "
             f"SSD, {int(d.get('recomputed_requests', 0))} recomputed instead "

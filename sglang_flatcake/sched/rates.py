@@ -12,6 +12,8 @@ from collections import deque
 from statistics import median
 from typing import Hashable
 
+import numpy as np
+
 MEMORY = 0.8        # weight of the past in a moving sum (``queues`` uses it for its restore rate)
 
 
@@ -144,6 +146,62 @@ class Cost:
     def value(self) -> float | None:
         """Units per second past the latency, the bandwidth (None until fitted)."""
         return None if self._fit is None else 1.0 / self._fit[1]
+
+
+FIT_WINDOW = 64        # ``Marginal`` fits the last this many steps
+FIT_MIN = 8            # ... and prices nothing from fewer
+FIT_SPREAD = 0.25      # ... nor until new / context tokens varies by this much between steps
+
+
+class Marginal:
+    """Seconds a prefill step adds per new token at a fixed context: what recomputing a
+    stored run costs beyond restoring it, since the restored tokens are context either way.
+
+    Step seconds are fitted as ``a + b * new + c * context`` (least squares over the last
+    ``FIT_WINDOW`` steps, refitted once without the steps whose residual is over 3 median
+    absolute residuals: one garbage-collection pause moves nothing); ``b`` is the price.  An
+    average rate (tokens over step seconds) charges a new token for the context it sees too:
+    on SGLang's CPU attention a step's time follows its whole context, so the average
+    priced recomputing 700 tokens at 126 ms where the step grew by about 7 ms, and restores
+    3x dearer than recomputing were made.  No price (None) from fewer than ``FIT_MIN`` steps,
+    or while new / context hardly varies (all first turns, or all cache hits: the fit could
+    not tell the two apart); callers then use their average."""
+
+    def __init__(self, window: int = FIT_WINDOW) -> None:
+        self._pts: deque = deque(maxlen=window)
+        self._fit: float | None = None
+        self._stale = False
+        self.samples = 0
+
+    def observe(self, new: float, context: float, seconds: float) -> None:
+        """One prefill step: ``new`` tokens computed among ``context`` (theirs and the cached
+        prefixes they attend to; at least ``new``) in ``seconds``; ignored unless both > 0."""
+        if new <= 0 or seconds <= 0:
+            return
+        self._pts.append((float(new), float(max(context, new)), float(seconds)))
+        self._stale = True
+        self.samples += 1
+
+    def per_token(self) -> float | None:
+        """``b`` (seconds per new token, >= 0), or None while it cannot be told apart."""
+        if self._stale:
+            self._stale, self._fit = False, self._refit()
+        return self._fit
+
+    def _refit(self) -> float | None:
+        if len(self._pts) < FIT_MIN:
+            return None
+        a = np.array(self._pts)
+        share = a[:, 0] / a[:, 1]
+        if share.max() - share.min() < FIT_SPREAD:
+            return None
+        x = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1]])
+        coef = np.linalg.lstsq(x, a[:, 2], rcond=None)[0]
+        res = np.abs(a[:, 2] - x @ coef)
+        keep = res <= 3 * max(float(np.median(res)), 1e-9)
+        if FIT_MIN <= keep.sum() < len(a):
+            coef = np.linalg.lstsq(x[keep], a[keep, 2], rcond=None)[0]
+        return max(0.0, float(coef[1]))
 
 
 class Backlog:

@@ -10,7 +10,10 @@ blocks arrives, ``RestoreOrRecompute.choose`` compares::
     recompute_s = (GPU backlog tokens + the tokens it would recompute) / prefill tokens per s
 
 where the GPU backlog is the prefill work queued when it joins (the tokens it
-would wait behind), and each side is charged once more with its own service time,
+would wait behind).  Its own tokens are priced at the margin where a ``Marginal`` is
+given and has a price (``rates.Marginal``: what a step adds per new token at a fixed
+context, at most the average): restored or not, they are context for the rest of the
+prompt, so recomputing them costs only what computing them adds.  Each side is charged once more with its own service time,
 the delay it adds to the next request queued on that resource (without it, a
 recompute that saved its own request 0.1 s cost the requests behind it on the GPU
 0.4 s; replay, DeepSeek-V4-Flash at 0.5 req/s).  ``restore_s`` is times the
@@ -48,9 +51,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .rates import Backlog, Cost, Rate
+from .rates import Backlog, Cost, Marginal, Rate
 
-__all__ = ["Backlog", "Choice", "Cost", "Rate", "RestoreOrRecompute"]
+__all__ = ["Backlog", "Choice", "Cost", "Marginal", "Rate", "RestoreOrRecompute"]
 
 MARGIN = 0.15       # restoring must cost this much more than recomputing to stop restoring
 SLIP_MAX = 2.0      # the slip at most doubles a restore's price (one slow restore is not a trend)
@@ -76,6 +79,8 @@ class RestoreOrRecompute:
     # restores' measured seconds (decision to end) per modelled second: what the backlog
     # cannot know (writes and restores that come later and share the disk, overtaking)
     slip: Rate = field(default_factory=lambda: Rate(1.0))
+    # seconds a step adds per new token at a fixed context (None: the average prices them)
+    marginal: Marginal | None = None
     counts: dict = field(default_factory=lambda: {
         "restored_requests": 0, "recomputed_requests": 0, "recomputed_tokens": 0,
         "ssd_bytes_not_read": 0, "reconsidered_requests": 0})
@@ -94,11 +99,18 @@ class RestoreOrRecompute:
         if modelled is None:             # a plain Rate not trusted for the backlog's size
             return Choice(True, None, None)
         restore_s = modelled * min(SLIP_MAX, self.slip.value)
-        recompute_s = (max(0.0, gpu_backlog_tokens) + tokens) / p
+        mine = tokens * self.per_token(p)
+        recompute_s = max(0.0, gpu_backlog_tokens) / p + mine
         # each choice also delays the next request on its resource by its own service time
-        cost, other = restore_s + own, recompute_s + tokens / p
+        cost, other = restore_s + own, recompute_s + mine
         restore = cost <= other * (1.0 + MARGIN if self.restoring else 1.0)
         return Choice(restore, restore_s, recompute_s, modelled)
+
+    def per_token(self, rate: float) -> float:
+        """Seconds recomputing one of a request's own tokens costs: the marginal price when
+        there is one, at most the average ``1 / rate``."""
+        m = None if self.marginal is None else self.marginal.per_token()
+        return 1.0 / rate if m is None else min(m, 1.0 / rate)
 
     def restored(self, choice: Choice, took_s: float) -> None:
         """A restore this decision chose ended ``took_s`` after the decision: the slip
@@ -143,4 +155,8 @@ class RestoreOrRecompute:
                 "restore_latency_s": self.restore.latency, "prefill_tokens_per_s":
                 self.prefill.value, "restore_samples": self.restore.samples,
                 "prefill_samples": self.prefill.samples, "restore_slip": self.slip.value,
+                "prefill_marginal_s_per_token": None if self.marginal is None
+                else self.marginal.per_token(),
+                "prefill_marginal_samples": 0 if self.marginal is None
+                else self.marginal.samples,
                 **self.counts}

@@ -164,7 +164,7 @@ READS: tuple[Reads, ...] = (
            "waiting_queue", "forward_ct", "chunked_req", "page_size", "disaggregation_mode",
            "token_to_kv_pool_allocator"), "hicache"),
     Reads("sglang.srt.managers.schedule_batch.ScheduleBatch",
-          ("reqs", "forward_mode", "extend_num_tokens"), "hicache"),
+          ("reqs", "forward_mode", "extend_num_tokens", "prefix_lens"), "hicache"),
     Reads(_REQ_, ("origin_input_ids", "output_ids", "prefix_len", "rid", "sampling_params",
                   "host_hit_length"), "hicache"),
     Reads("sglang.srt.mem_cache.unified_cache.cache_action.BackupKV", ("node_ids",), "hicache"),
@@ -184,7 +184,7 @@ READS: tuple[Reads, ...] = (
           ("register_backend",), "hicache"),
     # the direct external linker (linker/) and its admission (linker/admission.py)
     Reads(_URC_, ("linker",), "linker"),
-    Reads(_REQ_, ("rid", "host_hit_length"), "linker"),
+    Reads(_REQ_, ("rid", "host_hit_length", "prefix_len"), "linker"),
     Reads("sglang.srt.managers.schedule_policy.PrefillAdder", ("tree_cache", "can_run_list"),
           "linker"),
     Reads("sglang.srt.managers.schedule_policy.SchedulePolicy", ("tree_cache",), "linker"),

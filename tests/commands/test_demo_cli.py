@@ -263,6 +263,9 @@ def test_the_linker_says_what_it_recomputed_and_the_rates_it_priced_it_with():
     line = decision_line(gauges)
     assert "3 requests restored from SSD, 5 recomputed instead (4096 tokens)" in line
     assert "prefill 36,000 tokens/s, restore 512 MiB/s" in line
+    margin = decision_line({**gauges, "flatcake_linker_decision_prefill_marginal_s_per_token":
+                            9.5e-6})
+    assert "36,000 tokens/s, 9.5 us a recomputed token at the margin, restore" in margin
     assert "off" in decision_line({**gauges, "flatcake_linker_decision_recompute_when_faster": 0})
     assert "no decision exported" in decision_line({})
     row = {**ROW, "backend": "flatcake-linker", "restored_tokens": 0, "flatcake": gauges}

@@ -122,3 +122,53 @@ def test_a_measured_rate_is_not_stretched_past_what_it_has_seen():
     slow = d.estimate(300 * 1024, 600, 0, 0)
     assert not slow.restore and slow.restore_s > slow.recompute_s
     assert Rate(5.0).value_for(1e12) == 5.0           # a given rate is trusted for any amount
+
+
+def cpu_steps(marginal, n=24, a=0.004, b=10e-6, c=28e-6, seed=1):
+    """Steps of SGLang's CPU attention as measured (run 18): fixed cost, 10 us a new token,
+    and a step's time following its whole context; new tokens among context vary."""
+    import random
+    rnd = random.Random(seed)
+    for i in range(n):
+        ctx = rnd.randint(2_000, 12_000)
+        new = ctx if i % 3 == 0 else rnd.randint(16, ctx // 2)   # first turns and cache hits
+        marginal.observe(new, ctx, a + b * new + c * ctx)
+
+
+def test_the_margin_is_what_a_new_token_adds_at_a_fixed_context():
+    from sglang_flatcake.sched.rates import FIT_MIN, Marginal
+    m = Marginal()
+    cpu_steps(m, n=FIT_MIN - 1)
+    assert m.per_token() is None                      # too few steps
+    cpu_steps(m, n=24)
+    assert m.per_token() == pytest.approx(10e-6, rel=1e-6)
+    m.observe(500, 6_000, 5.0)                        # a 5 s garbage-collection pause
+    assert m.per_token() == pytest.approx(10e-6, rel=1e-6)
+    alike = Marginal()                                # first turns only: new == context
+    for ctx in range(1_000, 30_000, 1_000):
+        alike.observe(ctx, ctx, 0.004 + 38e-6 * ctx)
+    assert alike.per_token() is None                  # new and context cannot be told apart
+    m.observe(0, 100, 1.0)
+    m.observe(100, 100, 0.0)
+    assert m.samples == 24 + FIT_MIN - 1 + 1          # both ignored
+
+
+def test_own_tokens_are_priced_at_the_margin_where_the_steps_tell_it():
+    """Run 18's linker case: 700 tokens, priced 126 ms at the average step rate (5,572 tokens
+    a second), cost about 7 ms more at the margin; a restore of 27 ms is then dearer."""
+    from sglang_flatcake.sched.rates import Marginal
+    avg = RestoreOrRecompute(Rate(27e6 / 0.027), Rate(5_572.0))     # 27 MB in 27 ms
+    m = Marginal()
+    at_margin = RestoreOrRecompute(Rate(27e6 / 0.027), Rate(5_572.0), marginal=m)
+    assert avg.estimate(27e6, 700, 0, 0).restore
+    assert at_margin.estimate(27e6, 700, 0, 0).restore     # no margin yet: the average
+    cpu_steps(m)
+    c = at_margin.estimate(27e6, 700, 0, 0)
+    assert not c.restore and c.recompute_s == pytest.approx(700 * 10e-6)
+    behind = at_margin.estimate(27e6, 700, 0, 5_572)        # a second of prefill ahead
+    assert behind.restore and behind.recompute_s == pytest.approx(1.0 + 700 * 10e-6)
+    assert at_margin.stats()["prefill_marginal_s_per_token"] == pytest.approx(10e-6)
+    dear = Marginal()                                 # a fit above the average is capped by it
+    cpu_steps(dear, b=1e-3)
+    assert RestoreOrRecompute(Rate(1.0), Rate(5_572.0), marginal=dear).per_token(5_572.0) == \
+        pytest.approx(1 / 5_572.0)

@@ -75,13 +75,14 @@ def test_a_decision_carries_its_prices_and_inputs(tmp_path, monkeypatch):
     path = tmp_path / "t.jsonl"
     monkeypatch.setattr(timeline, "_writer", timeline.Timeline(str(path)))
     decider = NS(prefill=NS(value=5000.0), restore=NS(value=2e8, latency=0.004),
-                 slip=NS(value=1.2))
+                 slip=NS(value=1.2), marginal=NS(per_token=lambda: 9e-6))
     choice = NS(restore_s=0.05, recompute_s=0.02)
     timeline.decision("a", choice, decider, "arrival", False, gpu_backlog_tokens=300)
     (e,) = lines(path)
     assert e["ev"] == "decision" and e["at"] == "arrival" and e["restore"] is False
     assert e["prefill_tokens_per_s"] == 5000.0 and e["restore_bytes_per_s"] == 2e8
     assert e["restore_latency_s"] == 0.004 and e["restore_slip"] == 1.2
+    assert e["prefill_marginal_s_per_token"] == 9e-6
     assert e["restore_s"] == 0.05 and e["recompute_s"] == 0.02 and e["gpu_backlog_tokens"] == 300
 
 

@@ -7,7 +7,9 @@
 - prefill rate: a step whose batch was a prefill (``last_batch.forward_mode.is_extend()``)
   and the only batch run since the step before gives ``extend_num_tokens`` over the time
   between the two steps (a mixed prefill-decode step counts its decodes' time too, so the
-  rate is, if anything, low: the decision errs towards restoring);
+  rate is, if anything, low: the decision errs towards restoring); with the batch's cached
+  prefixes (``prefix_lens``) the same step teaches ``sched.rates.Marginal`` what a new token
+  adds at a fixed context, the price of a request's own recomputed tokens;
 - disk backlog: SSD bytes of flows not yet published (``Backlog``);
 - slip: each restore it chose, from the decision to its publication, against the estimate
   (``RestoreOrRecompute.restored``);
@@ -23,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ...sched.recompute import Backlog, Choice, Cost, Rate, RestoreOrRecompute
+from ...sched.recompute import Backlog, Choice, Cost, Marginal, Rate, RestoreOrRecompute
 
 
 def prefill_tokens(req: Any) -> int:
@@ -38,7 +40,7 @@ class ServerEstimates:
     def __init__(self, scheduler: Any, enabled: bool,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.scheduler, self.clock = scheduler, clock
-        self.decider = RestoreOrRecompute(Cost(), Rate(), enabled)
+        self.decider = RestoreOrRecompute(Cost(), Rate(), enabled, marginal=Marginal())
         self.disk = Backlog()
         self._chosen: dict = {}                  # rid -> (Choice, clock at the decision)
         self._step: tuple | None = None          # (forward_ct, clock) at the last step
@@ -54,7 +56,9 @@ class ServerEstimates:
             return
         # forward_mode is None on a batch that has not run (SGLang sets it when it does)
         if last.forward_mode is not None and last.forward_mode.is_extend():
-            self.decider.prefill.observe(float(last.extend_num_tokens or 0), t - prev[1])
+            new = float(last.extend_num_tokens or 0)
+            self.decider.prefill.observe(new, t - prev[1])
+            self.decider.marginal.observe(new, new + sum(last.prefix_lens or ()), t - prev[1])
 
     def gpu_backlog(self, flows: dict, before: str | None = None) -> float:
         """Prefill tokens queued: the chunked request's and every waiting request's (only those

@@ -138,7 +138,7 @@ class LinkerAdmission:
         """Around ``add_one_req``: ``original()`` when ``req`` may join ``adder``'s batch,
         else ``skip`` (SGLang's ``AddReqResult.CONTINUE``: the request keeps waiting)."""
         if not self.enabled:
-            return original()
+            return self._join(adder, req, original)[0]
         if self.batch is None or self.batch[0] is not adder:     # a new round: a new batch
             self.after_ready = self.batch is not None and self.batch[1] == READY
             self.batch = (adder, "")
@@ -165,13 +165,22 @@ class LinkerAdmission:
         if held and held != kind:
             self.counters.add("kept_apart")
             return skip
-        n = len(adder.can_run_list)
-        result = original()
-        if len(adder.can_run_list) > n:
+        result, joined = self._join(adder, req, original)
+        if joined:
             self.batch = (adder, kind)
             self.counters.add("admitted_" + kind)
             self.waiting.pop(rid, None)
         return result
+
+    def _join(self, adder, req, original: Callable[[], object]) -> tuple[object, bool]:
+        """``original()`` and whether ``req`` joined ``adder``'s batch (then the prefill clock
+        hears of the cached tokens it attends to)."""
+        n = len(adder.can_run_list)
+        result = original()
+        joined = len(adder.can_run_list) > n
+        if joined and self.prefill is not None:
+            self.prefill.joined(req.prefix_len)
+        return result, joined
 
 
 # -- the hooks (``hooks.HOOKS``) ---------------------------------------------------------

@@ -106,7 +106,8 @@ class FlatCakeLinker(UnifiedCacheLinker):
         self.admission = LinkerAdmission(      # the ready / SSD-preparing split of batches
             cfg.queue_aging, not cfg.single_queue, self.finder.decider.restore.seconds_for,
             RankAgreement(params.attn_tp_cache_group or params.tp_cache_group),
-            prefill=PrefillClock(self.finder.decider.prefill))
+            prefill=PrefillClock(self.finder.decider.prefill,
+                                 marginal=self.finder.decider.marginal))
         self.slot_keys = SlotKeys()
         rows_pool = params.req_to_token_pool
         self.quiet = SchedulerQuiet() if cfg.writer_quiet else None   # steps: num_completed_offloads

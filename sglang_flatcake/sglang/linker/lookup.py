@@ -10,8 +10,9 @@ queued or running in this linker.  Otherwise the run is cut before its first SSD
 
 Rates: restores measure themselves (``LayerLoader``; before any, the disk probe); the
 prefill rate is timed per scheduler step (``prefill.PrefillClock``: the tokens a step
-launched over that step's seconds, so per-step overhead counts too and the decision leans to
-restoring).  Until a rate is known the decision restores.
+launched over that step's seconds, so per-step overhead counts too), and a request's own
+tokens are priced at the margin once the steps tell it (``sched.rates.Marginal``: what a
+new token adds to a step at a fixed context).  Until a rate is known the decision restores.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...sched.rates import Cost, Rate
+from ...sched.rates import Cost, Marginal, Rate
 from ...sched.recompute import RestoreOrRecompute
 from ..stored_run import stored_run
 
@@ -38,7 +39,8 @@ class Found:
 class Lookup:
     def __init__(self, store, damaged: set, enabled: bool, probe: Any = None) -> None:
         self.store, self.damaged = store, damaged
-        self.decider = RestoreOrRecompute(Cost(), Rate(), enabled)   # as HiCache mode prices it
+        self.decider = RestoreOrRecompute(Cost(), Rate(), enabled,   # as HiCache mode prices it
+                                          marginal=Marginal())
         self.probe = probe           # ``probe.DiskProbe``: prices restores before any load ran
 
     def find(self, keys: list[str], disk_backlog_bytes: float, disk_backlog_restores: int = 0,

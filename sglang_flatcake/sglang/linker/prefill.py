@@ -9,7 +9,13 @@ scheduler's steps:
 - ``tick(processed_tokens, waiting)``: ``SchedulePolicy.calc_priority``, which the admission
   already hooks (``admission._calc_priority_after``), in a step that may launch a prefill.
   Its ``processed_tokens`` is SGLang's ``processed_tokens_counter``: every prefill token
-  launched before this step.
+  launched before this step;
+- ``joined(prefix_tokens)``: a request joined this step's prefill batch
+  (``PrefillAdder.add_one_req``, hooked by the admission) with that many cached tokens it
+  attends to (its device prefix and what the linker restores), so each sample also has its
+  context, and ``marginal`` (``sched.rates.Marginal``) learns what a new token adds at a
+  fixed context.  A chunked request's next chunk joins without that call: its prefix is
+  missed, which makes new tokens look dearer (the decision then leans to restoring).
 
 A prefill is only launched in a step that ticked (SGLang calls ``calc_priority`` before it
 builds any prefill batch), so the tokens between a tick and the next one were all launched in
@@ -36,8 +42,10 @@ class PrefillClock:
     steps; one owner: the linker's admission (scheduler thread)."""
 
     def __init__(self, rate: Any, clock: Callable[[], float] = time.monotonic,
-                 max_gap_s: float = MAX_GAP_S) -> None:
+                 max_gap_s: float = MAX_GAP_S, marginal: Any = None) -> None:
         self.rate, self.clock, self.max_gap_s = rate, clock, max_gap_s
+        self.marginal = marginal             # ``sched.rates.Marginal`` or None
+        self.prefix = 0                      # cached tokens of those that joined the ticked step
         self.starts: list[float] = []        # start times of the ticked step and those after
         self.ticked: tuple[int, bool] | None = None   # (tokens at its tick, it started loads)
         self.loads = False                   # this step started a restore
@@ -67,6 +75,15 @@ class PrefillClock:
             if len(starts) >= 3:
                 seconds = max(seconds, starts[2] - starts[1])
             if 0 < seconds <= self.max_gap_s:
-                self.rate.observe(float(tokens - prev[0]), seconds)
+                new = float(tokens - prev[0])
+                self.rate.observe(new, seconds)
+                if self.marginal is not None:
+                    self.marginal.observe(new, new + self.prefix, seconds)
         self.ticked = (tokens, self.loads)
         self.starts = starts[-1:]
+        self.prefix = 0
+
+    def joined(self, prefix_tokens: int) -> None:
+        """A request joined the prefill batch of the step that last ticked, attending to
+        ``prefix_tokens`` cached tokens."""
+        self.prefix += max(0, int(prefix_tokens))

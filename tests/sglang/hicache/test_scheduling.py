@@ -459,7 +459,7 @@ def test_rates_are_measured_from_restores_and_prefill_steps(make):
     st.flows["a"].io_s = 2.0              # what the worker measured
     finish(st, "a")
     extend = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True),
-                             extend_num_tokens=3000)
+                             extend_num_tokens=3000, prefix_lens=[5000, 0])
     sched.forward_ct, sched.last_batch = 0, None
     st.pump()                             # publishes a: 1 GiB in 2 s
     sched.forward_ct, sched.last_batch = 1, extend
@@ -471,6 +471,7 @@ def test_rates_are_measured_from_restores_and_prefill_steps(make):
     s = st.stats()
     assert s["restore_samples"] == 1 and s["restore_bytes_per_s"] is None   # priced from 3 (Cost)
     assert s["prefill_tokens_per_s"] == pytest.approx(6000) and s["prefill_samples"] == 1
+    assert s["prefill_marginal_samples"] == 1      # 3000 new among 8000: a margin sample
 
 
 def _rank_decides(rank: int, port: int, out) -> None:

@@ -113,7 +113,7 @@ class Sched:
 
     def req(self, rid: str, keys) -> SimpleNamespace:
         self.keys[rid] = keys
-        return SimpleNamespace(rid=rid, host_hit_length=0)
+        return SimpleNamespace(rid=rid, host_hit_length=0, prefix_len=0)
 
     def step(self, queue: list) -> list[str]:
         """One ``_get_new_batch_prefill_raw``: order, then per request the prefix match
@@ -244,7 +244,7 @@ def test_the_ranks_agree_through_the_reduction():
         return [max(v, 1) for v in values]            # another rank found SSD pages, hold over
     adm = LinkerAdmission(0.5, True, lambda n: 1.0, agree=agree, clock=Clock())
     adder = SimpleNamespace(can_run_list=[])
-    req = SimpleNamespace(rid="r", host_hit_length=16)
+    req = SimpleNamespace(rid="r", host_hit_length=16, prefix_len=16)
     adm.waiting["r"] = adm._seen("r", 1)
     res = adm.admit(adder, req, lambda: adder.can_run_list.append(req) or "added", "skip")
     assert res == "added" and seen == [[0, 0]] and adm.counters["admitted_ssd"] == 1
@@ -256,3 +256,18 @@ def test_the_hooks_are_in_the_table():
     assert targets[sp + "PrefillAdder.add_one_req"].handler == \
         "linker.admission:_add_one_req_around"
     assert targets[sp + "SchedulePolicy.calc_priority"].kind == "after"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_prefill_clock_hears_the_prefix_of_each_request_that_joins(enabled):
+    """A request that joins the batch tells the clock the cached tokens it attends to (the
+    margin's context); one kept waiting, or refused by SGLang, tells it nothing."""
+    heard = []
+    adm = LinkerAdmission(0.5, enabled, lambda n: 1.0, agree=lambda v: v, clock=Clock(),
+                          prefill=SimpleNamespace(joined=heard.append))
+    adder = SimpleNamespace(can_run_list=[])
+    hit = SimpleNamespace(rid="hit", host_hit_length=0, prefix_len=4096)
+    full = SimpleNamespace(rid="full", host_hit_length=0, prefix_len=64)
+    adm.admit(adder, hit, lambda: adder.can_run_list.append(hit), "skip")
+    adm.admit(adder, full, lambda: "no room", "skip")            # SGLang did not take it
+    assert heard == [4096] and adder.can_run_list == [hit]

@@ -80,3 +80,23 @@ def test_before_the_first_tick_nothing_is_sampled_and_steps_stay_bounded():
     for i in range(100):
         steps(pc, t, 1 + i * 0.01)
     assert len(pc.starts) == 3
+
+
+def test_each_sample_carries_the_cached_tokens_its_requests_joined_with():
+    """``joined`` (the admission's ``add_one_req``) adds the prefixes of the ticked step's
+    requests: the margin learns new tokens apart from the context they attend to."""
+    from sglang_flatcake.sched.rates import Marginal
+    t = [0.0]
+    m = Marginal()
+    pc = PrefillClock(Rate(), clock=lambda: t[0], marginal=m)
+    seen = []
+    m.observe = lambda new, ctx, s: seen.append((new, ctx, round(s, 6)))
+    steps(pc, t, 0.0)
+    pc.tick(0, 2)
+    pc.joined(4000)                        # a cache hit: 4,000 cached tokens
+    pc.joined(0)                           # a first turn
+    steps(pc, t, 0.05)
+    pc.tick(1000, 0)
+    steps(pc, t, 0.1)
+    pc.tick(1500, 0)                       # the next step's requests joined with nothing
+    assert seen == [(1000.0, 5000.0, 0.05), (500.0, 500.0, 0.05)]
