@@ -170,7 +170,8 @@ class SchedConfig:
     recompute_when_faster: bool = setting(
         True, "at admission, recompute a request's SSD part instead of restoring it when the "
               "restore (disk backlog included, measured restore rate) would end later than "
-              "recomputing those tokens (prefill backlog included, measured prefill rate); "
+              "recomputing those tokens (prefill backlog included, measured prefill rate; its own "
+              "tokens at the measured margin: what a step adds per new token); "
               "memory hits are kept")
     late_drop: bool = setting(
         False, "HiCache mode: drop a picked restore still waiting for device slots past the time "
