@@ -10,6 +10,11 @@ roster of public keys, so one member cannot speak, sign or open grants as anothe
   may write it or its directory).  It is the root of trust: a Redis writer or another member
   cannot add a node to it.
 
+The roster is read again when its file changes (``RosterWatch``, a node's thread): a line
+deleted there is refused from then on (its signatures, its MACs, its grants), with no
+restart; a roster that no longer lists this node with its key, or does not parse, is
+refused and the one before kept (logged).
+
 ``sign``/``verify`` (Ed25519) are for what third parties check: directory entries and
 leases.  ``pair_key`` is the X25519 shared secret of this node and a peer (HKDF'd, cached):
 what MACs messages between the two and derives their grant keys, so no third node can.
@@ -89,6 +94,20 @@ def _lp(purpose: bytes, parts) -> bytes:
     return b"".join(out)
 
 
+def _line(node: int, k: PublicKeys) -> str:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    raw = (Encoding.Raw, PublicFormat.Raw)
+    return f"{node} {k.sign.public_bytes(*raw).hex()} {k.dh.public_bytes(*raw).hex()}"
+
+
+def read_roster(roster_file: str) -> dict[int, PublicKeys]:
+    """The roster file's ``{node: PublicKeys}``, read with the secret file's checks (others
+    may read it); ``ConfigError`` naming the file or the line."""
+    text = read_secret_file(roster_file, "cluster_roster_file", most=MAX_ROSTER_BYTES,
+                            public=True).decode("ascii", "replace")
+    return parse_roster(text, f"cluster_roster_file={roster_file!r}")
+
+
 class NodeIdentity:
     """Node ``node``'s private keys (from its key file's ``seed``) and the ``roster``.
     Refused (``ConfigError``) when the roster does not list ``node`` with these keys."""
@@ -96,18 +115,24 @@ class NodeIdentity:
     def __init__(self, node: int, seed: bytes, roster: dict[int, PublicKeys]) -> None:
         if len(seed) != 32:
             raise ConfigError(f"a node key holds {len(seed)} bytes: expected 32 (cluster.keygen)")
-        self.node, self.roster = node, roster
+        self.node = node
         self._sign, self._dh = private_keys(seed)
-        if node not in roster or roster_line(node, seed) != self._line(node):
-            raise ConfigError(f"node {node}'s key is not the one the roster lists for node "
-                              f"{node}: add `python -m sglang_flatcake.cluster.keygen` output "
-                              f"for this key to the roster")
+        self._own = roster_line(node, seed)
+        self._check(roster)
+        self.roster = roster
         self._pairs: dict[int, bytes] = {}
 
-    def _line(self, node: int) -> str:
-        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-        k, raw = self.roster[node], (Encoding.Raw, PublicFormat.Raw)
-        return f"{node} {k.sign.public_bytes(*raw).hex()} {k.dh.public_bytes(*raw).hex()}"
+    def _check(self, roster: dict[int, PublicKeys]) -> None:
+        if self.node not in roster or self._own != _line(self.node, roster[self.node]):
+            raise ConfigError(f"node {self.node}'s key is not the one the roster lists for node "
+                              f"{self.node}: add `python -m sglang_flatcake.cluster.keygen` "
+                              f"output for this key to the roster")
+
+    def replace_roster(self, roster: dict[int, PublicKeys]) -> None:
+        """Trust ``roster`` from now on (``ConfigError``, and the old one kept, when it does
+        not list this node with its key); pair keys are derived again from it."""
+        self._check(roster)
+        self.roster, self._pairs = roster, {}      # each one assignment: readers see either
 
     @classmethod
     def from_files(cls, node: int, key_file: str, roster_file: str) -> "NodeIdentity":
@@ -119,9 +144,7 @@ class NodeIdentity:
         except (UnicodeDecodeError, ValueError):
             raise ConfigError(f"cluster_node_key_file={key_file!r} is not hex (make it with "
                               f"`python -m sglang_flatcake.cluster.keygen`)") from None
-        text = read_secret_file(roster_file, "cluster_roster_file", most=MAX_ROSTER_BYTES,
-                                public=True).decode("ascii", "replace")
-        return cls(node, seed, parse_roster(text, f"cluster_roster_file={roster_file!r}"))
+        return cls(node, seed, read_roster(roster_file))
 
     def sign(self, purpose: bytes, *parts) -> bytes:
         """This node's Ed25519 signature of ``parts`` (each length-prefixed) for ``purpose``."""

@@ -21,6 +21,7 @@ from .owner import OwnerService
 from .publisher import Publisher
 from .redis_directory import RedisDirectory, redis_url_for_logs
 from .requester import RemoteReader
+from .roster_watch import RosterWatch
 from .secret import ClusterSecret
 from .span import RemoteSpan, fetch_span, remote_span
 from .transfer import Engine
@@ -57,6 +58,8 @@ class ClusterNode:
                                         config.cluster_node_key_file, config.cluster_roster_file)
         made: list = []
         try:
+            self.roster = RosterWatch(secret.identity, config.cluster_roster_file)
+            made.append(self.roster)
             self.engine = Engine(config.cluster_bind)
             made.append(self.engine)
             self.directory = RedisDirectory(config.cluster_directory, secret,
@@ -113,7 +116,7 @@ class ClusterNode:
                 "owner": dict(self.service.counters), "set_aside": self.reader.set_aside,
                 "registered_bytes": self.engine.registered_bytes,
                 "transfer_retries": self.engine.retried,
-                "engine_exposed_ports": len(self.engine.exposed)}
+                "engine_exposed_ports": len(self.engine.exposed), **self.roster.counts}
 
     def close(self) -> None:
         """Publish what is queued, leave the directory, stop serving; idempotent."""
@@ -131,3 +134,4 @@ class ClusterNode:
         self.service.close()
         self.reader.close()
         self.engine.close()
+        self.roster.close()

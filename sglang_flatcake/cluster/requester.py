@@ -128,6 +128,9 @@ class RemoteReader:
             s.setsockopt(self._zmq.MAXMSGSIZE, 4 * wire.MAX_MESSAGE)
             s.connect(endpoint)
         owner, msg = self._owners.get(endpoint), {**msg, "to": endpoint}
+        if owner is not None and self.secret.identity.pair_key(owner) is None:
+            del self._owners[endpoint]           # that node left the roster: sign again
+            owner = None
         s.send(wire.seal(self.secret, msg) if owner is None
                else wire.seal_to(self.secret, msg, owner))
         return s, msg["nonce"], endpoint

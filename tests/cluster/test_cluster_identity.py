@@ -209,3 +209,26 @@ def test_a_third_member_cannot_open_a_grant_it_saw(served, attacker):
         grant_cipher(me, MEMBER, OWNER, nonce)
     for asked, by in ((INTRUDER, OWNER), (MEMBER, INTRUDER), (INTRUDER, MEMBER)):
         assert not open_block(grant_cipher(me, asked, by, nonce), 0, tag, ssd[0], block, opened)
+
+
+def test_an_owner_deleted_from_the_roster_is_a_miss_then_served_once_back(served):
+    """The requester proved the owner once (its replies then MAC'd for it); the operator
+    deletes the owner's line: the next fetch is a clean miss, not an exception from a pair
+    key the roster no longer gives; listed again, it is served."""
+    from sglang_flatcake.cluster.identity import parse_roster
+    from tests.support.cluster_keys import roster_text
+    _, svc, _, ssd, _ = served
+    mine = secret(MEMBER)
+    member = Engine("127.0.0.1")
+    try:
+        reader = RemoteReader(member, layout(), mine, timeout_s=5.0)
+        assert reader.fetch(svc.endpoint, "", ssd, empty(8)).hits == 8      # proven
+        mine.identity.replace_roster(parse_roster(roster_text([1, 2, 3])))
+        out = empty(8)
+        r = reader.fetch(svc.endpoint, "", ssd, out)
+        assert r.hits == 0 and not out.any() and "not authenticated" in r.reason, r
+        mine.identity.replace_roster(parse_roster(roster_text()))
+        out = empty(8)
+        assert reader.fetch(svc.endpoint, "", ssd, out).hits == 8 and (out == expected(ssd)).all()
+    finally:
+        member.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,3 +73,59 @@ def test_keygen_makes_a_private_key_whose_line_the_roster_accepts(tmp_path):
     assert NodeIdentity.from_files(5, str(out), str(roster)).node == 5
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "never overwritten" in again.stderr
+
+
+def test_a_node_deleted_from_the_roster_is_refused_without_a_restart(tmp_path, caplog):
+    """The operator deletes node 2's line: node 0 trusts the new roster at its next check
+    (its signatures, its MACs and its messages refused); a roster that drops node 0 itself,
+    or does not parse, is refused and the last good one kept."""
+    from sglang_flatcake.cluster import wire
+    from sglang_flatcake.cluster.roster_watch import RosterWatch
+    from sglang_flatcake.cluster.secret import ClusterSecret
+    from tests.support.cluster_keys import node_secret
+    from tests.support.redis_server import TEST_SECRET
+    key, roster = write_node_files(str(tmp_path / "keys"), 0)
+    me = NodeIdentity.from_files(0, key, roster)
+    two = node_secret(2)
+    signed = wire.seal(two, {"op": "fetch"})
+    paired = wire.seal_to(two, {"op": "fetch"}, 0)
+    mine = ClusterSecret(TEST_SECRET, me)
+    assert wire.unseal_from(mine, signed)[0] == 2 and wire.unseal_from(mine, paired)[0] == 2
+    watch = RosterWatch(me, roster, every_s=3600)        # polled by hand here
+    try:
+        assert not watch.check()                          # unchanged
+
+        def rewrite(text):
+            with open(roster, "w") as f:
+                f.write(text)
+            os.utime(roster, ns=(time.time_ns(), time.time_ns() + 10**9))
+        rewrite(roster_text([0, 1, 3]))
+        assert watch.check() and sorted(me.roster) == [0, 1, 3]
+        assert me.pair_key(2) is None and not me.verify(2, b"\0" * 64, b"msg")
+        for raw in (signed, paired):
+            with pytest.raises(wire.WireError, match="not authenticated"):
+                wire.unseal_from(mine, raw)
+        for bad in (roster_text([1, 2, 3]), "0 nothex\n"):  # drops node 0; does not parse
+            rewrite(bad)
+            assert not watch.check() and sorted(me.roster) == [0, 1, 3]
+        assert watch.counts == {"roster_reloads": 1, "roster_refused": 2}
+        assert "the changed roster is refused, the last one kept" in caplog.text
+    finally:
+        watch.close()
+
+
+def test_the_watch_thread_reads_a_changed_roster(tmp_path):
+    from sglang_flatcake.cluster.roster_watch import RosterWatch
+    key, roster = write_node_files(str(tmp_path / "keys"), 0)
+    me = NodeIdentity.from_files(0, key, roster)
+    watch = RosterWatch(me, roster, every_s=0.05)
+    try:
+        with open(roster, "w") as f:
+            f.write(roster_text([0, 5]))
+        os.utime(roster, ns=(time.time_ns(), time.time_ns() + 10**9))
+        end = time.monotonic() + 5
+        while sorted(me.roster) != [0, 5] and time.monotonic() < end:
+            time.sleep(0.02)
+        assert sorted(me.roster) == [0, 5]
+    finally:
+        watch.close()
