@@ -159,7 +159,8 @@ class Marginal:
 
     Step seconds are fitted as ``a + b * new + c * context`` (least squares over the last
     ``FIT_WINDOW`` steps, refitted once without the steps whose residual is over 3 median
-    absolute residuals: one garbage-collection pause moves nothing); ``b`` is the price.  An
+    absolute residuals: one garbage-collection pause moves nothing); ``b`` plus two of its
+    standard errors is the price (noisy steps price a new token dearer, not at zero).  An
     average rate (tokens over step seconds) charges a new token for the context it sees too:
     on SGLang's CPU attention a step's time follows its whole context, so the average
     priced recomputing 700 tokens at 126 ms where the step grew by about 7 ms, and restores
@@ -195,13 +196,18 @@ class Marginal:
         share = a[:, 0] / a[:, 1]
         if share.max() - share.min() < FIT_SPREAD:
             return None
-        x = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1]])
-        coef = np.linalg.lstsq(x, a[:, 2], rcond=None)[0]
-        res = np.abs(a[:, 2] - x @ coef)
+        x, y = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1]]), a[:, 2]
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        res = np.abs(y - x @ coef)
         keep = res <= 3 * max(float(np.median(res)), 1e-9)
         if FIT_MIN <= keep.sum() < len(a):
-            coef = np.linalg.lstsq(x[keep], a[keep, 2], rcond=None)[0]
-        return max(0.0, float(coef[1]))
+            x, y = x[keep], y[keep]
+            coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        # the upper end of b's 95 % interval: a noisy fit prices recomputing dearer (so the
+        # decision leans to restoring, as without a margin), a clean one at b itself
+        rss = float(np.sum((y - x @ coef) ** 2))
+        cov = np.linalg.pinv(x.T @ x) * rss / max(1, len(y) - 3)
+        return max(0.0, float(coef[1])) + 2.0 * float(np.sqrt(max(0.0, cov[1, 1])))
 
 
 class Backlog:

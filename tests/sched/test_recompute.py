@@ -172,3 +172,21 @@ def test_own_tokens_are_priced_at_the_margin_where_the_steps_tell_it():
     cpu_steps(dear, b=1e-3)
     assert RestoreOrRecompute(Rate(1.0), Rate(5_572.0), marginal=dear).per_token(5_572.0) == \
         pytest.approx(1 / 5_572.0)
+
+
+def test_a_noisy_margin_is_priced_at_the_upper_end_of_its_interval():
+    """Steps whose time hardly follows new tokens, with noise: b's fit is near zero, its
+    price is not (two standard errors above), so the decision does not take recomputing as
+    free on a guess; more steps narrow it."""
+    import random
+    from sglang_flatcake.sched.rates import Marginal
+    rnd, m = random.Random(7), Marginal()
+    for i in range(16):
+        ctx = rnd.randint(2_000, 12_000)
+        new = ctx if i % 3 == 0 else rnd.randint(16, ctx // 2)
+        m.observe(new, ctx, 0.004 + 1e-6 * new + 30e-6 * ctx + rnd.gauss(0, 0.03))
+    price = m.per_token()
+    assert 3e-6 < price < 40e-6                      # b is 1 us; 16 noisy steps say less
+    clean = Marginal()
+    cpu_steps(clean, n=64)
+    assert clean.per_token() == pytest.approx(10e-6, rel=1e-6)   # noiseless: b itself
