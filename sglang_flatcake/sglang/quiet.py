@@ -13,7 +13,10 @@ spins and its steps start microseconds apart; a step that runs a forward ends (a
 forward is done.  ``quiet()`` is True when the last step started less than ``gap_s`` ago and
 the one before it less than ``gap_s`` before that (the loop spins: no forward), or when no
 step started for ``asleep_s`` (``--sleep-on-idle``: SGLang sleeps in a 1 s poll between
-steps; or a forward that long, which a write then shares).  ``wait`` polls ``quiet`` until
+steps; or a forward that long, which a write then shares).  ``wait`` sleeps until a step
+starts close behind the one before it (an event the scheduler sets: a waiting writer does not
+wake during a forward, where polling every 0.5 ms took the GIL from it 2,000 times a second),
+at most ``POLL_S`` at a time (the sleeping loop, ``stop``), and waits until
 the scheduler has been busy for ``max_wait_s`` since it was last quiet (``quiet_at``: the last
 step that followed another within ``gap_s``): a server that never idles still stores, and at
 its full rate (once it has been busy that long, every write goes at once and shares its
@@ -34,7 +37,7 @@ from .counters import Counters
 GAP_S = 0.002          # steps this close together: the loop spins, no forward
 ASLEEP_S = 0.25        # no step this long: SGLang sleeps on idle (or one long forward)
 MAX_WAIT_S = 2.0       # writes wait for a quiet moment while the busy spell is shorter
-POLL_S = 0.0005
+POLL_S = 0.02          # the longest one sleep of ``wait`` (a spinning step wakes it first)
 
 
 class SchedulerQuiet:
@@ -42,11 +45,13 @@ class SchedulerQuiet:
 
     def __init__(self, gap_s: float = GAP_S, asleep_s: float = ASLEEP_S,
                  max_wait_s: float = MAX_WAIT_S, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], object] | None = None) -> None:
         if not 0 < gap_s < asleep_s:
             raise ValueError(f"gap_s={gap_s} must be > 0 and below asleep_s={asleep_s}")
         self.gap_s, self.asleep_s, self.max_wait_s = gap_s, asleep_s, max_wait_s
-        self.clock, self.sleep = clock, sleep
+        self.spun = threading.Event()  # set by a step that followed another within gap_s
+        self.clock = clock
+        self.sleep = sleep if sleep is not None else self.spun.wait
         self.last = float("-inf")      # when the last step started
         self.gap = float("inf")        # how long after the one before it
         self.quiet_at = clock()        # the last step of a spinning loop (from the start)
@@ -59,6 +64,7 @@ class SchedulerQuiet:
         self.last = now
         if self.gap < self.gap_s:
             self.quiet_at = now
+            self.spun.set()
 
     def quiet(self) -> bool:
         """Whether the scheduler runs no forward now (see the module's docstring)."""
@@ -73,7 +79,10 @@ class SchedulerQuiet:
         if self.quiet() or threading.current_thread() is threading.main_thread():
             return 0.0
         start = self.clock()
-        while not (self.quiet() or stop()):
+        while True:
+            self.spun.clear()                  # the next spinning step wakes the sleep
+            if self.quiet() or stop():
+                break
             now = self.clock()
             if now - self.quiet_at >= self.max_wait_s:
                 self.counters.add("waits_run_out")

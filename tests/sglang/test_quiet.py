@@ -20,6 +20,14 @@ class Clock:
         self.now += s
 
 
+@pytest.fixture(autouse=True)
+def _fine_polls(monkeypatch):
+    """The test clock's sleeps stand for the loop's steps: 0.5 ms apart (a spinning loop),
+    as ``wait`` would be woken by them."""
+    from sglang_flatcake.sglang import quiet as quiet_mod
+    monkeypatch.setattr(quiet_mod, "POLL_S", 0.0005)
+
+
 def quiet_on(clock: Clock, **kw) -> SchedulerQuiet:
     return SchedulerQuiet(gap_s=0.002, asleep_s=0.25, max_wait_s=1.0, clock=clock,
                           sleep=clock.sleep, **kw)
@@ -118,3 +126,29 @@ def test_a_busy_spell_is_timed_from_the_last_spinning_step_not_from_each_wait():
 def test_a_gap_not_below_the_sleep_threshold_is_refused():
     with pytest.raises(ValueError, match="gap_s=0.5"):
         SchedulerQuiet(gap_s=0.5, asleep_s=0.25)
+
+
+def test_a_waiting_writer_sleeps_until_the_loop_spins_again(monkeypatch):
+    """Real time: the writer does not poll during a forward (each wake would take the GIL
+    from it); the first steps of the loop spinning again wake it, long before its sleep's
+    limit."""
+    import time
+    from sglang_flatcake.sglang import quiet as quiet_mod
+    monkeypatch.setattr(quiet_mod, "POLL_S", 30.0)
+    q = SchedulerQuiet(gap_s=0.002, asleep_s=60.0, max_wait_s=60.0)
+    q.step()
+    time.sleep(0.01)
+    q.step()                                 # this step runs a forward
+    assert not q.quiet()
+    woke = []
+    t = threading.Thread(target=lambda: woke.append(q.wait()))
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive() and not woke         # asleep through the forward
+    t0 = time.monotonic()
+    while t.is_alive() and time.monotonic() - t0 < 5:   # the loop spins again
+        q.step()
+        time.sleep(0.0001)
+    t.join(1)
+    assert woke and woke[0] > 0.15 and time.monotonic() - t0 < 5
+    assert q.counters.snapshot()["waits"] == 1

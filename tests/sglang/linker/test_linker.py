@@ -389,6 +389,25 @@ def test_a_write_waits_while_the_scheduler_runs_a_forward(server):
     assert time.monotonic() - t0 < 1.5 and lk.stats()["quiet"]["waits_run_out"] == 0
 
 
+def test_stored_pages_offered_during_a_forward_wait_for_nothing(server):
+    """After ``/flush_cache`` the tree offers every node again: pages the store holds
+    complete at once, forward or not (no quiet wait, nothing written)."""
+    lk = server.linker
+    keys, src = chain(3, "qs"), slots(100, 3)
+    server.fill(src, 43)
+    assert server.offload(keys, src)
+    lk.quiet.asleep_s = lk.quiet.max_wait_s = 60.0     # a forward that would not end
+    lk.num_completed_offloads()                        # a step starts a forward
+    time.sleep(0.01)
+    assert lk.offload([PoolTransfer(PoolName.KV, device_indices=slots(110, 3), keys=keys)])
+    deadline = time.monotonic() + 10
+    while lk.offloader.num_completed() == 0:           # (no scheduler step: still busy)
+        assert time.monotonic() < deadline, "a stored node waited for a quiet moment"
+        time.sleep(0.001)
+    assert lk.pop_completed_offload() is True
+    assert lk.stats()["quiet"]["waits"] == 0 and lk.stats()["quiet"]["waits_run_out"] == 0
+
+
 def test_the_offload_worker_runs_at_the_writer_nice(server):
     """The worker lowers its own priority (``writer_nice``, 19 by default); the scheduler's
     thread keeps its own."""
