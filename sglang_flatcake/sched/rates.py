@@ -184,7 +184,8 @@ class Marginal:
         self.samples += 1
 
     def per_token(self) -> float | None:
-        """``b`` (seconds per new token, >= 0), or None while it cannot be told apart."""
+        """The price, seconds per new token: ``b`` (at least 0) plus two of its standard
+        errors; None while it cannot be told apart."""
         if self._stale:
             self._stale, self._fit = False, self._refit()
         return self._fit

@@ -13,8 +13,9 @@ where the GPU backlog is the prefill work queued when it joins (the tokens it
 would wait behind).  Its own tokens are priced at the margin where a ``Marginal`` is
 given and has a price (``rates.Marginal``: what a step adds per new token at a fixed
 context, at most the average): restored or not, they are context for the rest of the
-prompt, so recomputing them costs only what computing them adds.  Each side is charged once more with its own service time,
-the delay it adds to the next request queued on that resource (without it, a
+prompt, so recomputing them costs only what computing them adds.  Each side is charged
+once more with its own service time, the delay it adds to the next request queued on
+that resource (without it, a
 recompute that saved its own request 0.1 s cost the requests behind it on the GPU
 0.4 s; replay, DeepSeek-V4-Flash at 0.5 req/s).  ``restore_s`` is times the
 ``slip`` (how much longer the restores it chose took than that formula said,
