@@ -58,10 +58,8 @@ def private_keys(seed: bytes) -> tuple[Ed25519PrivateKey, X25519PrivateKey]:
 
 def roster_line(node: int, seed: bytes) -> str:
     """The roster line of ``node`` whose key file holds ``seed``."""
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
     s, d = private_keys(seed)
-    raw = (Encoding.Raw, PublicFormat.Raw)
-    return f"{node} {s.public_key().public_bytes(*raw).hex()} {d.public_key().public_bytes(*raw).hex()}"
+    return _line(node, PublicKeys(s.public_key(), d.public_key()))
 
 
 def parse_roster(text: str, where: str = "roster") -> dict[int, PublicKeys]:

@@ -9,9 +9,9 @@ holds the GIL still holds it).  So the writers write while the scheduler runs no
 The scheduler calls ``step()`` at the start of every step (linker mode:
 ``FlatCakeLinker.num_completed_offloads``, from SGLang's ``check_hicache_events``; HiCache
 mode: the ``_get_new_batch_prefill_raw`` hook, ``hicache.scheduling``).  Idle, SGLang's loop
-spins and its steps start microseconds apart; a step that runs a forward ends (and the next one starts) only when the
-forward is done.  ``quiet()`` is True when the last step started less than ``gap_s`` ago and
-the one before it less than ``gap_s`` before that (the loop spins: no forward), or when no
+spins and its steps start microseconds apart; a step that runs a forward ends (and the next
+one starts) only when the forward is done.  ``quiet()`` is True when the last step started
+less than ``gap_s`` ago and the one before it less than ``gap_s`` before that (the loop spins: no forward), or when no
 step started for ``asleep_s`` (``--sleep-on-idle``: SGLang sleeps in a 1 s poll between
 steps; or a forward that long, which a write then shares).  ``wait`` sleeps until a step
 starts close behind the one before it (an event the scheduler sets: a waiting writer does not

@@ -119,5 +119,6 @@ def decision(rid: str, choice: Any, decider: Any, at: str, agreed: bool, **input
     mark(rid, "decision", at=at, restore=bool(agreed), restore_s=choice.restore_s,
          recompute_s=choice.recompute_s, prefill_tokens_per_s=decider.prefill.value,
          prefill_marginal_s_per_token=None if decider.marginal is None
-         else decider.marginal.per_token(), restore_bytes_per_s=decider.restore.value, restore_latency_s=decider.restore.latency,
+         else decider.marginal.per_token(), restore_bytes_per_s=decider.restore.value,
+         restore_latency_s=decider.restore.latency,
          restore_slip=decider.slip.value, **inputs)

@@ -131,11 +131,14 @@ class Offloader:
                     self.done.put(False)
                     continue
                 try:
-                    ok = self._stored(job)     # nothing to write: no quiet moment needed
-                    if not ok:
+                    first = stored_run(self.store, job.keys).pages
+                    ok = first == len(job.keys)    # all stored (write once): no quiet needed
+                    if ok:
+                        self.counters.add("pages_already_stored", first)
+                    else:
                         self._wait_quiet()
                         t0 = time.monotonic()
-                        ok = self._write(job)
+                        ok = self._write(job, first)
                         self.counters.add("write_ms", round((time.monotonic() - t0) * 1e3))
                 finally:
                     with self.lock:
@@ -148,23 +151,14 @@ class Offloader:
         if self.quiet is not None and not self.hurry.is_set():
             self.quiet.wait(self.hurry.is_set)
 
-    def _stored(self, job: OffloadJob) -> bool:
-        """Every page of ``job`` is stored already (write once; counted): a pass that sends
-        what is stored, every node again after ``/flush_cache``, waits for nothing."""
-        if stored_run(self.store, job.keys).pages < len(job.keys):
-            return False
-        self.counters.add("pages_already_stored", len(job.keys))
-        return True
-
-    def _write(self, job: OffloadJob) -> bool:
+    def _write(self, job: OffloadJob, first: int) -> bool:
+        """Write ``job``'s pages from ``first`` on (those before it are stored: a pass that
+        sends what is stored, every node again after ``/flush_cache``, skips them before
+        any wait)."""
         try:
             for ev in job.events:
                 ev.synchronize()
             keys = job.keys
-            first = stored_run(self.store, keys).pages
-            if first == len(keys):                       # all stored: write once
-                self.counters.add("pages_already_stored", len(keys))
-                return True
             page = self.pool.page
             blocks = self.pool.gather(job.slots[first * page:])
             prefix = [keys[first - 1]] if first else ([job.parent_key] if job.parent_key else [])
